@@ -1,0 +1,16 @@
+#pragma once
+
+// FlashRT overlay: the entry points that ggml-cuda calls (patch 0002), both compiled only with
+// -DGGML_CUDA_FLASHRT=ON.
+
+#include "common.cuh"
+
+// Called for every graph compute before ggml-cuda starts a CUDA graph capture (and also when it
+// replays or evaluates without capture). Anything that allocates, synchronizes or loads modules
+// belongs here, never in a window's run.
+void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph);
+
+// Called in the node loop right before ggml_cuda_try_fuse, with the same convention: if a window
+// starting at node i matched and ran, returns how many nodes after i it also consumed (>= 1);
+// 0 means no window ran and the stock path handles node i. Capture-safe.
+int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i);

@@ -1,0 +1,310 @@
+//! `cargo xtask build`: prepare the host tree (fetch, patch, mount), configure with CMake and
+//! build with Ninja.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use xshell::{cmd, Shell};
+
+use crate::config::{Flavor, HostConfig};
+use crate::project::{note, read_stamp, step, write_stamp, Project};
+use crate::toolchain::{self, Provision};
+use crate::{host, patch};
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct BuildArgs {
+    /// Which host (a folder under hosts/).
+    #[arg(long, default_value = "llama.cpp")]
+    pub host: String,
+    /// CUDA architectures, comma-separated (90a = H100/H200, 100a = B200, 110a = Thor,
+    /// 120a = RTX 50xx). Default: the host's default_archs.
+    #[arg(long, value_delimiter = ',', value_name = "ARCHS")]
+    pub arch: Vec<String>,
+    /// Build the pinned tree as upstream has it, without patches or overlay.
+    #[arg(long)]
+    pub stock: bool,
+    /// Build without CUDA (the CPU backend only).
+    #[arg(long, conflicts_with = "arch")]
+    pub cpu: bool,
+    /// Targets to build, comma-separated. Default: the host's build targets.
+    #[arg(long, value_delimiter = ',', value_name = "TARGETS")]
+    pub targets: Vec<String>,
+    /// Build only the overlay's OBJECT library (compiles the overlay; links nothing).
+    #[arg(long, conflicts_with_all = ["stock", "cpu", "targets"])]
+    pub overlay_only: bool,
+    /// Use this local checkout as the host source (must match the pin).
+    #[arg(long, value_name = "DIR")]
+    pub host_src: Option<PathBuf>,
+    /// Discard local edits and unexported commits in the patched working tree.
+    #[arg(long)]
+    pub force: bool,
+    /// Parallel build jobs (default: all cores).
+    #[arg(long, short)]
+    pub jobs: Option<usize>,
+}
+
+/// What a finished build produced.
+#[derive(Debug)]
+pub struct Built {
+    pub build_dir: PathBuf,
+    pub binaries: Vec<PathBuf>,
+}
+
+/// The configure arguments a build directory was last configured with.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+struct ConfigureStamp {
+    args: Vec<String>,
+}
+
+pub fn run(sh: &Shell, project: &Project, args: BuildArgs) -> Result<()> {
+    let built = build(sh, project, &args)?;
+    println!("build directory: {}", built.build_dir.display());
+    for binary in &built.binaries {
+        println!("  {}", binary.display());
+    }
+    Ok(())
+}
+
+/// Normalises an architecture as given by a user ("sm_90a", "90a", "90") to CMake's form
+/// ("90a"). Plain Hopper/Blackwell numbers get the architecture-specific suffix the overlay needs.
+pub fn normalize_arch(arch: &str) -> Result<String> {
+    let trimmed = arch
+        .trim()
+        .trim_start_matches("sm_")
+        .trim_start_matches("compute_");
+    let digits: String = trimmed.chars().take_while(char::is_ascii_digit).collect();
+    let suffix = &trimmed[digits.len()..];
+    if digits.len() < 2 || !matches!(suffix, "" | "a" | "f") {
+        bail!("unknown CUDA architecture {arch:?}: use e.g. 90a (H100/H200), 100a (B200), 110a (Thor), 120a (RTX 50xx)");
+    }
+    let number: u32 = digits.parse()?;
+    Ok(if number >= 90 && suffix.is_empty() {
+        format!("{number}a")
+    } else {
+        format!("{number}{suffix}")
+    })
+}
+
+pub fn build_dir_name(host: &str, flavor: Flavor, archs: &[String], overlay_only: bool) -> String {
+    let target = if archs.is_empty() {
+        "cpu".to_owned()
+    } else {
+        archs
+            .iter()
+            .map(|a| format!("sm{a}"))
+            .collect::<Vec<_>>()
+            .join("+")
+    };
+    let suffix = if overlay_only { "-overlay" } else { "" };
+    format!("{host}-{flavor}-{target}{suffix}")
+}
+
+pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
+    let host = project.host(&args.host)?;
+    let flavor = if args.stock {
+        Flavor::Stock
+    } else {
+        Flavor::Flashrt
+    };
+    let archs: Vec<String> = if args.cpu {
+        Vec::new()
+    } else if args.arch.is_empty() {
+        host.build
+            .default_archs
+            .iter()
+            .map(|a| normalize_arch(a))
+            .collect::<Result<_>>()?
+    } else {
+        args.arch
+            .iter()
+            .map(|a| normalize_arch(a))
+            .collect::<Result<_>>()?
+    };
+    let targets: Vec<String> = if args.overlay_only {
+        vec![host.build.overlay_target.clone()]
+    } else if args.targets.is_empty() {
+        host.build.targets.clone()
+    } else {
+        args.targets.clone()
+    };
+
+    // Tools first: a missing tool should fail before minutes of fetching.
+    let tools = toolchain::build_tools(sh, project, Provision::Install)?;
+    let cuda = if args.cpu {
+        None
+    } else {
+        Some(toolchain::cuda(sh, project, Provision::Install)?)
+    };
+    if let Some(cuda) = &cuda {
+        if !cuda.can_link_driver && !args.overlay_only {
+            bail!(
+                "the CUDA toolkit at {} ({}) has no libcuda.so to link against, so ggml-cuda cannot be linked here. \
+                 Build on a machine with the NVIDIA driver or a full CUDA toolkit, use --overlay-only to compile \
+                 the overlay alone, or --cpu for a CPU build.",
+                cuda.root.display(),
+                cuda.nvcc.origin
+            );
+        }
+    }
+
+    let source = match flavor {
+        Flavor::Stock => {
+            host::ensure_pristine(sh, project, &host, args.host_src.as_deref())?;
+            project.pristine_dir(&host.name)
+        }
+        Flavor::Flashrt => {
+            patch::ensure_patched(sh, project, &host, args.host_src.as_deref(), args.force)?
+        }
+    };
+
+    let build_dir = project.build_dir(&build_dir_name(
+        &host.name,
+        flavor,
+        &archs,
+        args.overlay_only,
+    ));
+    let mut defines = cmake_defines(&host, flavor, &archs);
+    defines.push((
+        "CMAKE_MAKE_PROGRAM".into(),
+        tools.ninja.path.display().to_string(),
+    ));
+    if let Some(cuda) = &cuda {
+        defines.push((
+            "CMAKE_CUDA_COMPILER".into(),
+            cuda.nvcc.path.display().to_string(),
+        ));
+        defines.push(("CUDAToolkit_ROOT".into(), cuda.root.display().to_string()));
+        if !cuda.can_link_driver {
+            // Only for --overlay-only: ggml-cuda's VMM path is what needs libcuda at configure time.
+            note("no libcuda.so in this toolkit: configuring with GGML_CUDA_NO_VMM=ON (compile only)");
+            defines.push(("GGML_CUDA_NO_VMM".into(), "ON".into()));
+        }
+    }
+    configure(sh, &tools.cmake.path, &source, &build_dir, &defines)?;
+
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(usize::from)
+                .unwrap_or(2)
+        })
+        .to_string();
+    step(format!(
+        "building {} in {} ({} jobs)",
+        targets.join(" "),
+        build_dir.display(),
+        jobs
+    ));
+    let cmake = &tools.cmake.path;
+    let target_args = &targets;
+    cmd!(
+        sh,
+        "{cmake} --build {build_dir} --parallel {jobs} --target {target_args...}"
+    )
+    .run()
+    .with_context(|| {
+        format!(
+            "building {} in {} (rerun the same command to resume)",
+            targets.join(" "),
+            build_dir.display()
+        )
+    })?;
+
+    let binaries = targets
+        .iter()
+        .map(|t| build_dir.join("bin").join(t))
+        .filter(|p| p.is_file())
+        .collect();
+    Ok(Built {
+        build_dir,
+        binaries,
+    })
+}
+
+/// The -D entries for one build, in a stable order.
+pub fn cmake_defines(host: &HostConfig, flavor: Flavor, archs: &[String]) -> Vec<(String, String)> {
+    let mut defines: Vec<(String, String)> = host.cmake.defaults.clone().into_iter().collect();
+    if archs.is_empty() {
+        defines.extend(host.cmake.cpu.clone());
+    } else {
+        defines.extend(host.cmake.cuda.clone());
+        defines.push((host.cmake.arch_option.clone(), archs.join(";")));
+        // The stock tree has no such option; the patched tree gets it explicitly either way.
+        if flavor == Flavor::Flashrt {
+            defines.push((host.cmake.flashrt_option.clone(), "ON".into()));
+        }
+    }
+    defines
+}
+
+fn configure(
+    sh: &Shell,
+    cmake: &Path,
+    source: &Path,
+    build_dir: &Path,
+    defines: &[(String, String)],
+) -> Result<()> {
+    let mut args: Vec<String> = vec![
+        "-S".into(),
+        source.display().to_string(),
+        "-B".into(),
+        build_dir.display().to_string(),
+        "-G".into(),
+        "Ninja".into(),
+    ];
+    args.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
+    let stamp_path = build_dir.join("xtask-configure.json");
+    let wanted = ConfigureStamp { args };
+    if build_dir.join("CMakeCache.txt").is_file()
+        && read_stamp::<ConfigureStamp>(&stamp_path).as_ref() == Some(&wanted)
+    {
+        return Ok(());
+    }
+    step(format!("configuring {}", build_dir.display()));
+    // A configure that did not finish must not be mistaken for a finished one.
+    if stamp_path.exists() {
+        std::fs::remove_file(&stamp_path)?;
+    }
+    let cmd_args = &wanted.args;
+    cmd!(sh, "{cmake} {cmd_args...}")
+        .run()
+        .with_context(|| format!("configuring {}", build_dir.display()))?;
+    write_stamp(&stamp_path, &wanted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_names_normalise_to_cmake_form() {
+        assert_eq!(normalize_arch("sm_90a").unwrap(), "90a");
+        assert_eq!(normalize_arch("90").unwrap(), "90a");
+        assert_eq!(normalize_arch("120").unwrap(), "120a");
+        assert_eq!(normalize_arch("86").unwrap(), "86");
+        assert_eq!(normalize_arch("100f").unwrap(), "100f");
+        for bad in ["", "sm_", "ampere", "90b", "9"] {
+            assert!(normalize_arch(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn build_dirs_differ_by_flavor_arch_and_scope() {
+        let archs = vec!["90a".to_owned(), "120a".to_owned()];
+        assert_eq!(
+            build_dir_name("llama.cpp", Flavor::Flashrt, &archs, false),
+            "llama.cpp-flashrt-sm90a+sm120a"
+        );
+        assert_eq!(
+            build_dir_name("llama.cpp", Flavor::Stock, &[], false),
+            "llama.cpp-stock-cpu"
+        );
+        assert_eq!(
+            build_dir_name("llama.cpp", Flavor::Flashrt, &archs[..1], true),
+            "llama.cpp-flashrt-sm90a-overlay"
+        );
+    }
+}

@@ -1,0 +1,69 @@
+//! cargo xtask: the FlashRT-llama.cpp driver.
+//!
+//! It pins a host (llama.cpp), applies the patch series, mounts the overlay, builds through CMake
+//! and runs the CI matrix, the same way on a laptop, a GPU box and in CI.
+
+mod build;
+mod ci;
+mod config;
+mod doctor;
+mod fsutil;
+mod host;
+mod patch;
+mod project;
+mod toolchain;
+mod treehash;
+
+#[cfg(test)]
+mod tests;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use xshell::Shell;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "FlashRT-llama.cpp: build llama.cpp with the FlashRT overlay, reproducibly",
+    long_about = "FlashRT-llama.cpp: build llama.cpp with the FlashRT overlay, reproducibly.\n\n\
+        The main job is `cargo xtask build`: it fetches the pinned llama.cpp (verified by tree hash), \
+        applies patches/llama.cpp, mounts overlay/ at ggml/src/ggml-cuda/flashrt, and builds with CMake \
+        and Ninja. Work files live in .xtask/ (git-ignored).",
+    after_help = "Examples:\n  cargo xtask build                    # CUDA build for sm_90a with the overlay\n  \
+        cargo xtask build --arch 90a,120a    # several architectures\n  \
+        cargo xtask build --stock            # the same pinned tree, no overlay\n  \
+        cargo xtask build --cpu              # no CUDA\n  \
+        cargo xtask ci --list                # what CI runs and what this machine can run"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Fetch and inspect the pinned host source.
+    Host(host::HostArgs),
+    /// Apply, check or export the patch series.
+    Patch(patch::PatchArgs),
+    /// Fetch, patch, mount and build the host.
+    Build(build::BuildArgs),
+    /// Show which tools, GPUs and host sources this machine has, and how to fix what is missing.
+    Doctor,
+    /// Run the CI matrix cells this machine can run.
+    Ci(ci::CiArgs),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let sh = Shell::new()?;
+    let project = project::Project::discover()?;
+    match cli.command {
+        Command::Host(args) => host::run(&sh, &project, args),
+        Command::Patch(args) => patch::run(&sh, &project, args),
+        Command::Build(args) => build::run(&sh, &project, args),
+        Command::Doctor => doctor::run(&sh, &project),
+        Command::Ci(args) => ci::run(&sh, &project, args),
+    }
+}
