@@ -195,7 +195,7 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
             };
             let built = build::build(sh, project, &args)?;
             match cell.kind {
-                CellKind::Cpu => smoke_cpu(sh, &built),
+                CellKind::Cpu => smoke_cpu(sh, project, &built),
                 CellKind::CompileOnly => Ok(()),
                 CellKind::Gpu => test_backend_ops_gpu(sh, &built),
             }
@@ -203,16 +203,36 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
     }
 }
 
-/// The CPU build's tools must start and see their backend.
-fn smoke_cpu(sh: &Shell, built: &build::Built) -> Result<()> {
-    let bench = built.build_dir.join("bin/llama-bench");
-    if !bench.is_file() {
-        bail!("the CPU build has no {}", bench.display());
+/// The CPU build must run a model: a tiny random-weight llama GGUF written by the host's own
+/// test-llama-archs, benchmarked with llama-bench.
+fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> {
+    let bin = built.build_dir.join("bin");
+    let (bench, archs) = (bin.join("llama-bench"), bin.join("test-llama-archs"));
+    for tool in [&bench, &archs] {
+        if !tool.is_file() {
+            bail!("the CPU build has no {}", tool.display());
+        }
     }
-    let devices = cmd!(sh, "{bench} --list-devices")
+    let scratch = project.scratch()?;
+    let models = scratch.path();
+    cmd!(sh, "{archs} -a ^llama$ -s 42 -o {models}")
+        .quiet()
+        .ignore_stderr()
+        .run()
+        .context("writing a tiny llama GGUF")?;
+    let model = models.join("llama-dense.gguf");
+    if !model.is_file() {
+        bail!("test-llama-archs wrote no {}", model.display());
+    }
+    // --repack 0: the CPU repack (AMX) path crashes on batched prompts on some machines.
+    let table = cmd!(sh, "{bench} -m {model} -p 32 -n 16 -r 1 --repack 0 -o md")
+        .ignore_stderr()
         .read()
-        .context("running llama-bench --list-devices")?;
-    println!("{devices}");
+        .context("llama-bench on the tiny model")?;
+    println!("{table}");
+    if !table.contains("tg16") || !table.contains("pp32") {
+        bail!("llama-bench printed no pp32/tg16 rows:\n{table}");
+    }
     Ok(())
 }
 
