@@ -1,9 +1,11 @@
 #pragma once
 
 // FlashRT overlay: the entry points that ggml-cuda calls (patch 0002), both compiled only with
-// -DGGML_CUDA_FLASHRT=ON.
+// -DGGML_CUDA_FLASHRT=ON. Declarations only, so that ggml-cuda.cu can include this header from
+// wherever the overlay is mounted.
 
-#include "common.cuh"
+struct ggml_backend_cuda_context;
+struct ggml_cgraph;
 
 // Called for every graph compute before ggml-cuda starts a CUDA graph capture (and also when it
 // replays or evaluates without capture). Anything that allocates, synchronizes or loads modules

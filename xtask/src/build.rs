@@ -31,7 +31,8 @@ pub struct BuildArgs {
     /// Targets to build, comma-separated. Default: the host's build targets.
     #[arg(long, value_delimiter = ',', value_name = "TARGETS")]
     pub targets: Vec<String>,
-    /// Build only the overlay's OBJECT library (compiles the overlay; links nothing).
+    /// Compile only the overlay's OBJECT library and the host files that hold the hooks (links
+    /// nothing, so it works with a CUDA toolkit that has no driver library).
     #[arg(long, conflicts_with_all = ["stock", "cpu", "targets"])]
     pub overlay_only: bool,
     /// Use this local checkout as the host source (must match the pin).
@@ -123,7 +124,9 @@ pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
             .collect::<Result<_>>()?
     };
     let targets: Vec<String> = if args.overlay_only {
-        vec![host.build.overlay_target.clone()]
+        std::iter::once(host.build.overlay_target.clone())
+            .chain(host.build.hook_objects.iter().cloned())
+            .collect()
     } else if args.targets.is_empty() {
         host.build.targets.clone()
     } else {

@@ -75,8 +75,12 @@ pub struct CMakeConfig {
 pub struct BuildConfig {
     /// Targets built when `--targets` is not given.
     pub targets: Vec<String>,
-    /// The overlay's own target, built alone by compile-only cells.
+    /// The overlay's own target, built by compile-only cells.
     pub overlay_target: String,
+    /// Object files (ninja paths in the build directory) of the host sources that hold the hooks:
+    /// compile-only cells build them too, so a hook that no longer compiles is caught without a GPU.
+    #[serde(default)]
+    pub hook_objects: Vec<String>,
     /// Architectures when `--arch` is not given.
     pub default_archs: Vec<String>,
 }
