@@ -133,7 +133,8 @@ pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
         args.targets.clone()
     };
 
-    // Tools first: a missing tool should fail before minutes of fetching.
+    // Cheap checks first: a host with no source, then missing tools, fail before minutes of work.
+    host::require_some_source(project, &host, args.host_src.as_deref())?;
     let tools = toolchain::build_tools(sh, project, Provision::Install)?;
     let cuda = if args.cpu {
         None

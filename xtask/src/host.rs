@@ -140,16 +140,36 @@ pub fn ensure_pristine(
         }
     }
 
+    Err(no_source(host, &failures))
+}
+
+/// Fails at once, before any tool is looked for, when a host has nothing to fetch from: no
+/// --host-src, no cached tree, no pinned rev and no mirror.
+pub fn require_some_source(
+    project: &Project,
+    host: &HostConfig,
+    host_src: Option<&Path>,
+) -> Result<()> {
+    let unreachable = host_src.is_none()
+        && host.rev.is_none()
+        && host.mirror.is_none()
+        && cached_pristine(project, host).is_none();
+    if unreachable {
+        return Err(no_source(host, &[]));
+    }
+    Ok(())
+}
+
+fn no_source(host: &HostConfig, failures: &[String]) -> anyhow::Error {
     let mut message = format!("no source for host {}", host.name);
-    for failure in &failures {
+    for failure in failures {
         message.push_str(&format!("\n  - {failure}"));
     }
-    if let Some(text) = &host.note {
-        message.push_str(&format!("\n{}", text.trim()));
-    } else {
-        message.push_str("\nPass a local checkout with --host-src DIR.");
+    match &host.note {
+        Some(text) => message.push_str(&format!("\n{}", text.trim())),
+        None => message.push_str("\nPass a local checkout with --host-src DIR."),
     }
-    bail!(message)
+    anyhow::anyhow!(message)
 }
 
 fn from_local_dir(project: &Project, host: &HostConfig, dir: &Path) -> Result<PristineStamp> {

@@ -55,8 +55,20 @@ enum Command {
     Ci(ci::CiArgs),
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // The whole chain of causes on one report, without a backtrace: errors here are
+            // about the user's machine or inputs, and each says what to do.
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     let sh = Shell::new()?;
     let project = project::Project::discover()?;
     match cli.command {
