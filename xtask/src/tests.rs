@@ -339,6 +339,10 @@ fn unpinned_host_without_source_explains_what_to_provide() {
         err.contains("no source for host fake") && err.contains("--host-src"),
         "{err}"
     );
+    // build checks this before looking for any tool.
+    let early = err_text(host::require_some_source(&f.project, &f.host(), None));
+    assert_eq!(early, err);
+    host::require_some_source(&f.project, &f.host(), Some(&f.upstream)).unwrap();
 }
 
 #[test]
