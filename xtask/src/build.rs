@@ -10,7 +10,7 @@ use xshell::{cmd, Shell};
 
 use crate::config::{Flavor, HostConfig};
 use crate::project::{note, read_stamp, step, write_stamp, Project};
-use crate::toolchain::{self, Provision};
+use crate::toolchain::{self, DriverLibrary, Provision};
 use crate::{host, patch};
 
 #[derive(Debug, Args, Clone, Default)]
@@ -142,11 +142,11 @@ pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
         Some(toolchain::cuda(sh, project, Provision::Install)?)
     };
     if let Some(cuda) = &cuda {
-        if !cuda.can_link_driver && !args.overlay_only {
+        if cuda.driver.is_none() && !args.overlay_only {
             bail!(
-                "the CUDA toolkit at {} ({}) has no libcuda.so to link against, so ggml-cuda cannot be linked here. \
-                 Build on a machine with the NVIDIA driver or a full CUDA toolkit, use --overlay-only to compile \
-                 the overlay alone, or --cpu for a CPU build.",
+                "the CUDA toolkit at {} ({}) has neither the NVIDIA driver's libcuda.so.1 nor a \
+                 lib/stubs/libcuda.so to link against. Install the driver or a full CUDA toolkit, \
+                 or use --overlay-only to compile the overlay alone, or --cpu for a CPU build.",
                 cuda.root.display(),
                 cuda.nvcc.origin
             );
@@ -180,10 +180,22 @@ pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
             cuda.nvcc.path.display().to_string(),
         ));
         defines.push(("CUDAToolkit_ROOT".into(), cuda.root.display().to_string()));
-        if !cuda.can_link_driver {
-            // Only for --overlay-only: ggml-cuda's VMM path is what needs libcuda at configure time.
-            note("no libcuda.so in this toolkit: configuring with GGML_CUDA_NO_VMM=ON (compile only)");
-            defines.push(("GGML_CUDA_NO_VMM".into(), "ON".into()));
+        match cuda.driver {
+            Some(DriverLibrary::Installed) => {}
+            Some(DriverLibrary::Stub) => {
+                // As llama.cpp's own CUDA containers do: executables leave the driver's symbols
+                // to the real libcuda.so.1 of the machine they run on.
+                note("linking against the CUDA driver stub: binaries run where the NVIDIA driver is installed");
+                defines.push((
+                    "CMAKE_EXE_LINKER_FLAGS".into(),
+                    "-Wl,--allow-shlib-undefined".into(),
+                ));
+            }
+            None => {
+                // Only for --overlay-only: ggml-cuda's VMM path is what needs libcuda at configure time.
+                note("no libcuda here: configuring with GGML_CUDA_NO_VMM=ON (compile only)");
+                defines.push(("GGML_CUDA_NO_VMM".into(), "ON".into()));
+            }
         }
     }
     configure(sh, &tools.cmake.path, &source, &build_dir, &defines)?;

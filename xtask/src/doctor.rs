@@ -6,7 +6,7 @@ use xshell::{cmd, Shell};
 
 use crate::host;
 use crate::project::Project;
-use crate::toolchain::{self, Provision};
+use crate::toolchain::{self, DriverLibrary, Provision};
 
 /// One line of the report.
 struct Finding {
@@ -92,18 +92,25 @@ pub fn run(sh: &Shell, project: &Project) -> Result<()> {
                 state,
                 fix: None,
             });
-            findings.push(if cuda.can_link_driver {
-                Finding {
+            findings.push(match cuda.driver {
+                Some(DriverLibrary::Installed) => Finding {
                     what: "libcuda",
-                    state: "found: CUDA builds can link".into(),
+                    state: "NVIDIA driver installed: CUDA builds link and run here".into(),
                     fix: None,
-                }
-            } else {
-                Finding {
+                },
+                Some(DriverLibrary::Stub) => Finding {
+                    what: "libcuda",
+                    state: "link stub only: CUDA builds link here and run where a driver is".into(),
+                    fix: None,
+                },
+                None => Finding {
                     what: "libcuda",
                     state: "not found: only --overlay-only and --cpu builds work here".into(),
-                    fix: Some("build CUDA binaries on a machine with the NVIDIA driver".into()),
-                }
+                    fix: Some(
+                        "install the NVIDIA driver or a full CUDA toolkit (it has lib64/stubs)"
+                            .into(),
+                    ),
+                },
             });
         }
         Err(err) => findings.push(Finding {

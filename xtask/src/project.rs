@@ -114,14 +114,34 @@ impl Project {
     }
 
     /// Scratch space on the same file system as the work files, so that renames are atomic.
+    /// Removed when dropped; what an interrupted run left behind is removed by the next one.
     pub fn scratch(&self) -> Result<tempfile::TempDir> {
         let parent = self.work().join("tmp");
         std::fs::create_dir_all(&parent)
             .with_context(|| format!("creating {}", parent.display()))?;
+        remove_abandoned_scratch(&parent);
         tempfile::Builder::new()
-            .prefix("scratch-")
+            .prefix(&format!("scratch-{}-", std::process::id()))
             .tempdir_in(&parent)
             .with_context(|| format!("creating a scratch directory in {}", parent.display()))
+    }
+}
+
+/// Removes scratch-<pid>-* directories whose process no longer runs.
+fn remove_abandoned_scratch(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("scratch-")
+            .and_then(|rest| rest.split('-').next());
+        if let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok()) {
+            if !Path::new("/proc").join(pid.to_string()).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
 }
 

@@ -590,3 +590,17 @@ fn the_repository_config_files_load() {
         assert!(cells.iter().any(|c| c.name == name), "missing cell {name}");
     }
 }
+
+#[test]
+fn scratch_left_by_an_interrupted_run_is_removed() {
+    let f = Fixture::new();
+    let tmp = f.project.work().join("tmp");
+    // pid_max is at most 2^22 on Linux: this process cannot exist.
+    let abandoned = tmp.join("scratch-99999999-abc");
+    let ours = tmp.join(format!("scratch-{}-live", std::process::id()));
+    std::fs::create_dir_all(abandoned.join("tree")).unwrap();
+    std::fs::create_dir_all(&ours).unwrap();
+    let fresh = f.project.scratch().unwrap();
+    assert!(!abandoned.exists());
+    assert!(ours.exists() && fresh.path().exists());
+}

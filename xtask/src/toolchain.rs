@@ -28,10 +28,21 @@ pub struct Cuda {
     pub nvcc: Tool,
     /// The toolkit root (bin/, include/, lib/).
     pub root: PathBuf,
-    /// libcuda.so (the driver, or a toolkit stub) can be linked against. The pip toolkit has none,
-    /// so builds with it can compile but not link ggml-cuda.
-    pub can_link_driver: bool,
+    /// What ggml-cuda's driver-API calls can be linked against.
+    pub driver: Option<DriverLibrary>,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverLibrary {
+    /// The NVIDIA driver's libcuda.so.1 is installed: binaries link and run here.
+    Installed,
+    /// Only a link stub (a toolkit's lib/stubs/libcuda.so): binaries link, with executables
+    /// allowed to leave the driver's symbols to run time, and run where a driver is installed.
+    Stub,
+}
+
+/// Version of what xtask adds to a pip toolchain after installing it (symlinks, driver stub).
+const TOOLCHAIN_LAYOUT: u32 = 2;
 
 /// What may be done when a tool is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,11 +106,10 @@ pub fn cuda(sh: &Shell, project: &Project, provision: Provision) -> Result<Cuda>
                 .and_then(Path::parent)
                 .context("nvcc has no toolkit root")?
                 .to_path_buf();
-            let can_link_driver = has_driver_library(&root);
             return Ok(Cuda {
                 nvcc: Tool { path: nvcc, origin },
+                driver: driver_library(&root),
                 root,
-                can_link_driver,
             });
         }
     }
@@ -120,26 +130,29 @@ pub fn cuda(sh: &Shell, project: &Project, provision: Provision) -> Result<Cuda>
             path: nvcc,
             origin: "xtask toolchain",
         },
-        can_link_driver: has_driver_library(&root),
+        driver: driver_library(&root),
         root,
     })
 }
 
-fn has_driver_library(root: &Path) -> bool {
-    let dirs = [
-        root.join("lib64/stubs"),
-        root.join("lib/stubs"),
-        root.join("lib64"),
-        root.join("lib"),
-    ];
+fn driver_library(root: &Path) -> Option<DriverLibrary> {
     let system = [
-        PathBuf::from("/usr/lib/x86_64-linux-gnu"),
-        PathBuf::from("/usr/lib64"),
-        PathBuf::from("/usr/local/nvidia/lib64"),
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/local/nvidia/lib64",
+        "/usr/lib/aarch64-linux-gnu",
     ];
-    dirs.iter()
-        .chain(system.iter())
-        .any(|d| d.join("libcuda.so").exists() || d.join("libcuda.so.1").exists())
+    if system
+        .iter()
+        .any(|d| Path::new(d).join("libcuda.so.1").exists())
+    {
+        return Some(DriverLibrary::Installed);
+    }
+    let stubs = [root.join("lib64/stubs"), root.join("lib/stubs")];
+    stubs
+        .iter()
+        .any(|d| d.join("libcuda.so").exists())
+        .then_some(DriverLibrary::Stub)
 }
 
 /// The pinned pip toolchain's directory, installed first if allowed.
@@ -151,8 +164,10 @@ fn pip_toolchain(
     provision: Provision,
 ) -> Result<PathBuf> {
     let dir = project.toolchains_dir().join(&pins.dir);
+    // The marker names the packages and how xtask laid them out: a change to either reinstalls.
+    let marker = format!("layout {TOOLCHAIN_LAYOUT}\n{}\n", pins.packages.join("\n"));
     let complete = dir.join(".complete");
-    if complete.is_file() {
+    if std::fs::read_to_string(&complete).is_ok_and(|m| m == marker) {
         return Ok(dir);
     }
     if provision == Provision::LookOnly {
@@ -177,6 +192,7 @@ fn pip_toolchain(
         .with_context(|| format!("installing {what} with pip"))?;
     if let Some(root) = &pins.root {
         fix_cuda_layout(&staged.join(root))?;
+        write_driver_stub(sh, &staged.join(root))?;
     }
     for rel in pins.tools.values() {
         let tool = staged.join(rel);
@@ -185,7 +201,7 @@ fn pip_toolchain(
         }
         fsutil::set_executable(&tool)?;
     }
-    std::fs::write(staged.join(".complete"), pins.packages.join("\n"))?;
+    std::fs::write(staged.join(".complete"), marker)?;
     fsutil::replace_dir(&staged, &dir)?;
     note(format!("installed {what} in {}", dir.display()));
     Ok(dir)
@@ -211,6 +227,66 @@ fn fix_cuda_layout(root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The pip wheels carry no libcuda.so (the driver provides it), but ggml-cuda calls the driver
+/// API. Like a full toolkit's lib/stubs/libcuda.so, a link-only stub is built from cuda.h: every
+/// driver function name, none of them usable. Its SONAME is libcuda.so.1 and no file of that name
+/// is written, so at run time the loader can only find the real driver.
+fn write_driver_stub(sh: &Shell, root: &Path) -> Result<()> {
+    let header = root.join("include/cuda.h");
+    let text = std::fs::read_to_string(&header)
+        .with_context(|| format!("reading {}", header.display()))?;
+    let names = driver_function_names(&text);
+    if names.is_empty() {
+        bail!("{} declares no driver functions", header.display());
+    }
+    let cc = which::which("cc").context(
+        "a C compiler (cc) is needed to build the CUDA link stub: apt-get install -y gcc",
+    )?;
+    let stubs = root.join("lib/stubs");
+    std::fs::create_dir_all(&stubs)?;
+    let source = stubs.join("libcuda-stub.c");
+    // 999 is CUDA_ERROR_UNKNOWN, should anything ever call the stub.
+    let body: String = names
+        .iter()
+        .map(|n| format!("int {n}(void) {{ return 999; }}\n"))
+        .collect();
+    std::fs::write(&source, body)?;
+    let library = stubs.join("libcuda.so");
+    cmd!(
+        sh,
+        "{cc} -shared -fPIC -Wl,-soname,libcuda.so.1 -o {library} {source}"
+    )
+    .quiet()
+    .run()
+    .context("building the CUDA driver link stub")?;
+    Ok(())
+}
+
+/// Names of the driver functions declared in cuda.h, and the versioned names its macros map
+/// them to (cuMemAlloc -> cuMemAlloc_v2): both exist in the real libcuda.
+fn driver_function_names(header: &str) -> Vec<String> {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut names = std::collections::BTreeSet::new();
+    for line in header.lines().map(str::trim) {
+        if let Some(rest) = line.split_once("CUDAAPI ").map(|(_, r)| r.trim_start()) {
+            let name: String = rest.chars().take_while(|&c| is_ident(c)).collect();
+            if name.starts_with("cu") && rest[name.len()..].trim_start().starts_with('(') {
+                names.insert(name);
+            }
+        } else if let Some(rest) = line.strip_prefix("#define ") {
+            let mut words = rest.split_whitespace();
+            if let (Some(from), Some(to), None) = (words.next(), words.next(), words.next()) {
+                let plain = |w: &str| w.starts_with("cu") && w.chars().all(is_ident);
+                if plain(from) && plain(to) {
+                    names.insert(from.to_owned());
+                    names.insert(to.to_owned());
+                }
+            }
+        }
+    }
+    names.into_iter().collect()
+}
+
 /// First line of `tool --version`, or why it could not be read.
 pub fn version(sh: &Shell, tool: &Path) -> String {
     match cmd!(sh, "{tool} --version").quiet().ignore_stderr().read() {
@@ -225,5 +301,26 @@ pub fn version(sh: &Shell, tool: &Path) -> String {
             pick.unwrap_or("?").trim().to_owned()
         }
         Err(err) => format!("cannot run: {err}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_names_come_from_declarations_and_version_macros() {
+        let header = "\
+CUresult CUDAAPI cuInit(unsigned int Flags);
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+    #define cuMemAlloc                          cuMemAlloc_v2
+#define CUDAAPI __stdcall
+#define CU_LAUNCH_PARAM_END ((void*)0x00)
+typedef CUresult (CUDAAPI *PFN_cuInit)(unsigned int);
+";
+        assert_eq!(
+            driver_function_names(header),
+            ["cuInit", "cuMemAlloc", "cuMemAlloc_v2"]
+        );
     }
 }
