@@ -10,7 +10,7 @@ use xshell::{cmd, Shell};
 
 use crate::config::{Flavor, HostConfig};
 use crate::project::{note, read_stamp, step, write_stamp, Project};
-use crate::toolchain::{self, DriverLibrary, Provision};
+use crate::toolchain::{self, CudaChoice, DriverLibrary, Provision};
 use crate::{host, patch};
 
 #[derive(Debug, Args, Clone, Default)]
@@ -38,6 +38,10 @@ pub struct BuildArgs {
     /// Use this local checkout as the host source (must match the pin).
     #[arg(long, value_name = "DIR")]
     pub host_src: Option<PathBuf>,
+    /// Use the pinned CUDA toolkit of toolchains.toml (installed into .xtask/toolchains) even if
+    /// this machine has its own: the same nvcc everywhere.
+    #[arg(long, conflicts_with = "cpu")]
+    pub pinned_cuda: bool,
     /// Discard local edits and unexported commits in the patched working tree.
     #[arg(long)]
     pub force: bool,
@@ -139,7 +143,12 @@ pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
     let cuda = if args.cpu {
         None
     } else {
-        Some(toolchain::cuda(sh, project, Provision::Install)?)
+        let choice = if args.pinned_cuda {
+            CudaChoice::Pinned
+        } else {
+            CudaChoice::Machine
+        };
+        Some(toolchain::cuda(sh, project, Provision::Install, choice)?)
     };
     if let Some(cuda) = &cuda {
         if cuda.driver.is_none() && !args.overlay_only {

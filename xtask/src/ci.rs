@@ -13,7 +13,7 @@ use crate::config::{CellKind, Check, Flavor, Matrix};
 use crate::doctor;
 use crate::patch;
 use crate::project::{step, Project};
-use crate::toolchain::{self, Provision};
+use crate::toolchain::{self, CudaChoice, Provision};
 
 #[derive(Debug, Args)]
 pub struct CiArgs {
@@ -133,9 +133,10 @@ fn skip_reason(sh: &Shell, project: &Project, cell: &Cell) -> Option<String> {
     match (cell.kind, &cell.action) {
         (CellKind::Cpu, _) => None,
         (CellKind::CompileOnly, _) => {
-            let has_nvcc = toolchain::cuda(sh, project, Provision::LookOnly).is_ok();
-            (!has_nvcc && which::which("python3").is_err()).then(|| {
-                "no nvcc here and no python3 to install the pinned CUDA toolkit".to_owned()
+            let pinned = toolchain::cuda(sh, project, Provision::LookOnly, CudaChoice::Pinned);
+            (pinned.is_err() && which::which("python3").is_err()).then(|| {
+                "the pinned CUDA toolkit is not installed and there is no python3 to install it"
+                    .to_owned()
             })
         }
         (CellKind::Gpu, Action::Build { arch, .. }) => {
@@ -191,6 +192,8 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
                 cpu: arch.is_none(),
                 targets: targets.clone(),
                 overlay_only: cell.kind == CellKind::CompileOnly,
+                // Compile-only cells prove the overlay compiles with the pinned nvcc.
+                pinned_cuda: cell.kind == CellKind::CompileOnly,
                 ..BuildArgs::default()
             };
             let built = build::build(sh, project, &args)?;

@@ -6,7 +6,7 @@ use xshell::{cmd, Shell};
 
 use crate::host;
 use crate::project::Project;
-use crate::toolchain::{self, DriverLibrary, Provision};
+use crate::toolchain::{self, CudaChoice, DriverLibrary, Provision};
 
 /// One line of the report.
 struct Finding {
@@ -79,7 +79,7 @@ pub fn run(sh: &Shell, project: &Project) -> Result<()> {
         }),
     }
 
-    match toolchain::cuda(sh, project, Provision::LookOnly) {
+    match toolchain::cuda(sh, project, Provision::LookOnly, CudaChoice::Machine) {
         Ok(cuda) => {
             let state = format!(
                 "{} ({}, {})",

@@ -86,9 +86,27 @@ pub fn build_tools(sh: &Shell, project: &Project, provision: Provision) -> Resul
     })
 }
 
+/// Which CUDA toolkit a build uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CudaChoice {
+    /// The machine's own (PATH, $CUDA_HOME, /usr/local/cuda), else the pinned one.
+    #[default]
+    Machine,
+    /// Always the pinned toolkit of toolchains.toml: the same nvcc on every machine.
+    Pinned,
+}
+
 /// nvcc from PATH, $CUDA_HOME, /usr/local/cuda, or the pinned pip toolkit.
-pub fn cuda(sh: &Shell, project: &Project, provision: Provision) -> Result<Cuda> {
+pub fn cuda(
+    sh: &Shell,
+    project: &Project,
+    provision: Provision,
+    choice: CudaChoice,
+) -> Result<Cuda> {
     let mut candidates: Vec<(PathBuf, &'static str)> = Vec::new();
+    if choice == CudaChoice::Pinned {
+        return pinned_cuda(sh, project, provision);
+    }
     if let Ok(path) = which::which("nvcc") {
         candidates.push((path, "PATH"));
     }
@@ -113,6 +131,10 @@ pub fn cuda(sh: &Shell, project: &Project, provision: Provision) -> Result<Cuda>
             });
         }
     }
+    pinned_cuda(sh, project, provision)
+}
+
+fn pinned_cuda(sh: &Shell, project: &Project, provision: Provision) -> Result<Cuda> {
     let pins = project.toolchains()?.cuda;
     let dir = pip_toolchain(sh, project, &pins, "the CUDA toolkit (nvcc)", provision)?;
     let nvcc = dir.join(
@@ -307,6 +329,36 @@ pub fn version(sh: &Shell, tool: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_or_outdated_pinned_toolchain_is_reported_when_not_installing() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = Project {
+            root: dir.path().to_path_buf(),
+        };
+        let pins = PipToolchain {
+            dir: "tools-1".into(),
+            packages: vec!["cmake==1.0".into()],
+            tools: [("cmake".to_owned(), "bin/cmake".to_owned())].into(),
+            root: None,
+        };
+        let sh = Shell::new().unwrap();
+        let look = |sh: &Shell| pip_toolchain(sh, &project, &pins, "cmake", Provision::LookOnly);
+        let err = format!("{:#}", look(&sh).unwrap_err());
+        assert!(
+            err.contains("cmake not found") && err.contains("tools-1"),
+            "{err}"
+        );
+
+        // An install made with other pins or an older layout does not count.
+        let installed = project.toolchains_dir().join("tools-1");
+        std::fs::create_dir_all(&installed).unwrap();
+        std::fs::write(installed.join(".complete"), "cmake==0.9\n").unwrap();
+        assert!(look(&sh).is_err());
+        let marker = format!("layout {TOOLCHAIN_LAYOUT}\ncmake==1.0\n");
+        std::fs::write(installed.join(".complete"), marker).unwrap();
+        assert_eq!(look(&sh).unwrap(), installed);
+    }
 
     #[test]
     fn driver_names_come_from_declarations_and_version_macros() {
