@@ -1,40 +1,133 @@
 #include "flashrt.cuh"
+#include "diagnostics.cuh"
 #include "registry.cuh"
 
+#include <climits>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <string>
+#include <vector>
 
-// GGML_CUDA_FLASHRT_DISABLE=1 turns the whole layer off: the same binary then runs stock kernels.
-static bool flashrt_disabled() {
-    static const bool disabled = [] {
-        const char * v = std::getenv("GGML_CUDA_FLASHRT_DISABLE");
-        return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
-    return disabled;
+extern char ** environ;
+
+namespace {
+
+// Each window's switch, resolved once per process.
+struct window_state {
+    const flashrt_window * window;
+    int                    index;
+    bool                   enabled;
+};
+
+struct runtime_state {
+    bool                      disabled = false;
+    std::vector<window_state> windows;
+};
+
+const char * getenv_lookup(const char * name, void *) {
+    return std::getenv(name);
 }
+
+const runtime_state & runtime() {
+    static const runtime_state state = [] {
+        runtime_state s;
+        std::vector<std::string> warnings;
+        s.disabled = flashrt_layer_disabled(getenv_lookup, nullptr, warnings);
+        int n_windows = 0;
+        const flashrt_window * windows = flashrt_windows(&n_windows);
+        GGML_ASSERT(n_windows <= FLASHRT_MAX_WINDOWS);
+        std::vector<std::string> names;
+        for (int w = 0; w < n_windows; ++w) {
+            const flashrt_switch sw = flashrt_window_switch(windows[w].name, windows[w].tier, getenv_lookup, nullptr, warnings);
+            s.windows.push_back({ &windows[w], w, sw.enabled && !s.disabled });
+            names.push_back(windows[w].name);
+            if (flashrt_debug_enabled()) {
+                GGML_LOG_INFO("FlashRT: window %s (%s) %s: %s\n", windows[w].name, flashrt_tier_name(windows[w].tier),
+                              sw.enabled ? "on" : "off", sw.reason.c_str());
+            }
+        }
+        std::vector<std::string> environment;
+        for (char ** e = environ; e && *e; ++e) {
+            environment.emplace_back(*e);
+        }
+        for (const std::string & key : flashrt_unknown_switches(environment, names)) {
+            warnings.push_back(key + " names no FlashRT window; ignored");
+        }
+        for (const std::string & w : warnings) {
+            GGML_LOG_WARN("FlashRT: %s\n", w.c_str());
+        }
+        return s;
+    }();
+    return state;
+}
+
+// The enabled window that matches at node i for a device of compute capability cc, if any.
+const window_state * find_window(const ggml_cgraph * cgraph, int i, int cc, flashrt_match & m, bool report) {
+    for (const window_state & ws : runtime().windows) {
+        if (!ws.enabled || cc < ws.window->min_cc) {
+            continue;
+        }
+        m = ws.window->match(cgraph, i);
+        if (m.hit()) {
+            return &ws;
+        }
+        if (report && m.miss != flashrt_miss_anchor) {
+            GGML_LOG_INFO("FlashRT: node %d (%s %s): %s missed: %s\n", i, ggml_op_desc(cgraph->nodes[i]),
+                          cgraph->nodes[i]->name, ws.window->name, m.miss);
+        }
+    }
+    return nullptr;
+}
+
+const char * dump_covering(const ggml_cgraph * cgraph, int i, int * n_nodes) {
+    const ggml_tensor * t = cgraph->nodes[i];
+    if ((t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+        return nullptr;
+    }
+    flashrt_match m;
+    // Every registered window counts here, whatever the device: the dump describes the graph.
+    const window_state * ws = find_window(cgraph, i, INT_MAX, m, false);
+    *n_nodes = ws ? m.n_nodes : 0;
+    return ws ? ws->window->name : nullptr;
+}
+
+}  // namespace
 
 void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph) {
     GGML_UNUSED(ctx);
-    GGML_UNUSED(cgraph);
+    if (runtime().disabled) {
+        return;
+    }
+    flashrt_dump_graph(cgraph, dump_covering);
 }
 
 int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i) {
-    if (flashrt_disabled()) {
+    const runtime_state & rt = runtime();
+    if (rt.disabled) {
         return 0;
     }
-    const int cc = ggml_cuda_info().devices[ctx.device].cc;
-    int n_windows = 0;
-    const flashrt_window * windows = flashrt_windows(&n_windows);
-    for (int w = 0; w < n_windows; ++w) {
-        const flashrt_window & window = windows[w];
-        if (window.tier != flashrt_tier::safe || cc < window.min_cc) {
-            continue;
-        }
-        const flashrt_match m = window.match(cgraph, i);
-        if (m.miss == nullptr && m.n_nodes > 1) {
-            window.run(ctx, cgraph, i, m);
-            return m.n_nodes - 1;
-        }
+    flashrt_stats & stats = flashrt_global_stats();
+    // A new pass of the node loop starts when the index goes back (or the graph changes).
+    thread_local const ggml_cgraph * pass_graph = nullptr;
+    thread_local int pass_last = INT_MAX;
+    if (cgraph != pass_graph || i <= pass_last) {
+        stats.graphs++;
     }
-    return 0;
+    pass_graph = cgraph;
+
+    flashrt_match m;
+    const int cc = ggml_cuda_info().devices[ctx.device].cc;
+    const window_state * ws = find_window(cgraph, i, cc, m, flashrt_debug_enabled());
+    if (ws == nullptr) {
+        stats.nodes++;
+        pass_last = i;
+        return 0;
+    }
+    ws->window->run(ctx, cgraph, i, m);
+    stats.nodes += m.n_nodes;
+    stats.nodes_covered += m.n_nodes;
+    stats.hits[ws->index]++;
+    stats.covered[ws->index] += m.n_nodes;
+    pass_last = i + m.n_nodes - 1;
+    return m.n_nodes - 1;
 }

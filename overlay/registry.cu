@@ -1,11 +1,13 @@
 #include "registry.cuh"
+#include "windows/gdn-gated-norm.cuh"
 
-// No window is registered yet: the runtime (switches, diagnostics, repack cache) and the first
-// windows come with the next step. Every node runs on stock kernels.
-static const flashrt_window * const flashrt_registry = nullptr;
-static const int flashrt_registry_size = 0;
+const char * const flashrt_miss_anchor = "anchor op";
+
+static const flashrt_window flashrt_registry[] = {
+    { "GDN_GATED_NORM", flashrt_tier::safe, 900, flashrt_match_gdn_gated_norm, flashrt_run_gdn_gated_norm },
+};
 
 const flashrt_window * flashrt_windows(int * n_windows) {
-    *n_windows = flashrt_registry_size;
+    *n_windows = (int) (sizeof(flashrt_registry) / sizeof(flashrt_registry[0]));
     return flashrt_registry;
 }

@@ -1,0 +1,106 @@
+#include "diagnostics.cuh"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+static bool env_is_one(const char * name) {
+    const char * v = std::getenv(name);
+    return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+bool flashrt_debug_enabled() {
+    static const bool enabled = env_is_one("GGML_FLASHRT_DEBUG");
+    return enabled;
+}
+
+bool flashrt_stats_enabled() {
+    static const bool enabled = env_is_one("FRT_STATS");
+    return enabled;
+}
+
+namespace {
+// Prints the statistics when the process exits.
+struct stats_at_exit {
+    flashrt_stats stats;
+    ~stats_at_exit() {
+        if (!flashrt_stats_enabled()) {
+            return;
+        }
+        const uint64_t nodes = stats.nodes.load();
+        const uint64_t covered = stats.nodes_covered.load();
+        std::fprintf(stderr, "FlashRT stats: %llu graph evaluation(s), %llu compute nodes, %llu covered by windows (%.1f%%)\n",
+                     (unsigned long long) stats.graphs.load(), (unsigned long long) nodes, (unsigned long long) covered,
+                     nodes ? 100.0 * covered / nodes : 0.0);
+        int n_windows = 0;
+        const flashrt_window * windows = flashrt_windows(&n_windows);
+        for (int w = 0; w < n_windows && w < FLASHRT_MAX_WINDOWS; ++w) {
+            std::fprintf(stderr, "FlashRT stats:   %-24s hits %8llu  nodes %8llu\n", windows[w].name,
+                         (unsigned long long) stats.hits[w].load(), (unsigned long long) stats.covered[w].load());
+        }
+        std::fprintf(stderr, "FlashRT stats: repack memory %.1f MiB\n", stats.repack_bytes.load() / (1024.0 * 1024.0));
+        std::fprintf(stderr, "FlashRT stats: counts are per captured graph; CUDA graph replays reuse them\n");
+    }
+};
+}  // namespace
+
+flashrt_stats & flashrt_global_stats() {
+    static stats_at_exit holder;
+    return holder.stats;
+}
+
+static std::string shape_of(const ggml_tensor * t) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "%s[%lld,%lld,%lld,%lld]", ggml_type_name(t->type), (long long) t->ne[0],
+                  (long long) t->ne[1], (long long) t->ne[2], (long long) t->ne[3]);
+    return buf;
+}
+
+void flashrt_dump_graph(const ggml_cgraph * cgraph, const char * (*covering)(const ggml_cgraph *, int, int *)) {
+    static const char * path = std::getenv("GGML_FLASHRT_DUMP");
+    if (path == nullptr || *path == '\0') {
+        return;
+    }
+    static const int max_graphs = [] {
+        const char * v = std::getenv("GGML_FLASHRT_DUMP_MAX");
+        return v ? std::atoi(v) : 4;
+    }();
+    static std::mutex mutex;
+    static int written = 0;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (written >= max_graphs) {
+        return;
+    }
+    FILE * f = std::fopen(path, written == 0 ? "w" : "a");
+    if (f == nullptr) {
+        GGML_LOG_WARN("FlashRT: cannot write GGML_FLASHRT_DUMP=%s\n", path);
+        written = max_graphs;
+        return;
+    }
+    // Tab-separated, one node a line; read by `cargo xtask coverage`.
+    std::fprintf(f, "#graph\t%d\tnodes\t%d\n", written, cgraph->n_nodes);
+    std::fprintf(f, "#index\top\tname\tshape\twindow\tsources\n");
+    const char * window = nullptr;
+    int window_left = 0;
+    for (int i = 0; i < cgraph->n_nodes; ++i) {
+        const ggml_tensor * t = cgraph->nodes[i];
+        if (window_left == 0) {
+            int n = 0;
+            window = covering(cgraph, i, &n);
+            window_left = window ? n : 0;
+        }
+        std::string sources;
+        for (int s = 0; s < GGML_MAX_SRC && t->src[s]; ++s) {
+            sources += (s ? ";" : "") + shape_of(t->src[s]) + ":" + t->src[s]->name;
+        }
+        std::fprintf(f, "%d\t%s\t%s\t%s\t%s\t%s\n", i, ggml_op_desc(t), t->name, shape_of(t).c_str(),
+                     window_left > 0 ? window : "-", sources.c_str());
+        if (window_left > 0) {
+            --window_left;
+        }
+    }
+    std::fclose(f);
+    ++written;
+}

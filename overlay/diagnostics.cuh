@@ -1,0 +1,31 @@
+#pragma once
+
+// FlashRT diagnostics, all read once per process:
+//   GGML_FLASHRT_DEBUG=1        why candidate windows missed, as graphs are evaluated
+//   GGML_FLASHRT_DUMP=<file>    node sequences of the first GGML_FLASHRT_DUMP_MAX (default 4)
+//                               computed graphs, with the window that covers each node
+//   FRT_STATS=1                 at exit: per-window hits, nodes covered, total nodes, repack memory
+
+#include "registry.cuh"
+
+#include <atomic>
+#include <cstdint>
+
+constexpr int FLASHRT_MAX_WINDOWS = 64;
+
+struct flashrt_stats {
+    std::atomic<uint64_t> graphs{ 0 };         // node-loop passes (captures or uncaptured evaluations)
+    std::atomic<uint64_t> nodes{ 0 };          // compute nodes those passes went through
+    std::atomic<uint64_t> nodes_covered{ 0 };  // of which windows ran
+    std::atomic<uint64_t> hits[FLASHRT_MAX_WINDOWS] = {};
+    std::atomic<uint64_t> covered[FLASHRT_MAX_WINDOWS] = {};
+    std::atomic<uint64_t> repack_bytes{ 0 };
+};
+
+bool flashrt_debug_enabled();
+bool flashrt_stats_enabled();
+flashrt_stats & flashrt_global_stats();
+
+// Writes `cgraph` to the dump file if dumping is on and fewer than the maximum were written.
+// `covering(i, &n)` names the window that would run at node i (nullptr if none) and its node count.
+void flashrt_dump_graph(const ggml_cgraph * cgraph, const char * (*covering)(const ggml_cgraph *, int, int *));

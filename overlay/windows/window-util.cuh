@@ -1,0 +1,51 @@
+#pragma once
+
+// Helpers shared by the window predicates.
+
+#include "../registry.cuh"
+
+#include <cstdint>
+
+// Nodes that launch nothing (ggml-cuda skips them too).
+inline bool flashrt_is_view(const ggml_tensor * t) {
+    return ggml_is_empty(t) || t->op == GGML_OP_NONE || t->op == GGML_OP_RESHAPE || t->op == GGML_OP_VIEW ||
+           t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE;
+}
+
+// The first node at or after `i` that is not a view (at most 4 views are skipped).
+inline int flashrt_skip_views(const ggml_cgraph * cgraph, int i) {
+    int k = i;
+    while (k < cgraph->n_nodes && k - i < 4 && flashrt_is_view(cgraph->nodes[k])) {
+        ++k;
+    }
+    return k;
+}
+
+inline bool flashrt_overlaps(const ggml_tensor * a, const ggml_tensor * b) {
+    const uintptr_t a0 = (uintptr_t) a->data, a1 = a0 + ggml_nbytes(a);
+    const uintptr_t b0 = (uintptr_t) b->data, b1 = b0 + ggml_nbytes(b);
+    return a0 < b1 && b0 < a1;
+}
+
+// Row-wise kernels may write in place over an input laid out exactly like the output.
+inline bool flashrt_same_or_disjoint(const ggml_tensor * out, const ggml_tensor * in) {
+    if (!flashrt_overlaps(out, in)) {
+        return true;
+    }
+    for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+        if (out->nb[d] != in->nb[d] || out->ne[d] != in->ne[d]) {
+            return false;
+        }
+    }
+    return out->data == in->data;
+}
+
+// A failing CUDA call in a window aborts like stock ggml does, naming the window.
+#define FLASHRT_CHECK(window, call)                                                              \
+    do {                                                                                         \
+        const cudaError_t flashrt_err_ = (call);                                                 \
+        if (flashrt_err_ != cudaSuccess) {                                                       \
+            GGML_ABORT("FlashRT window %s: %s (%s:%d)", window, cudaGetErrorString(flashrt_err_), \
+                       __FILE__, __LINE__);                                                      \
+        }                                                                                        \
+    } while (0)
