@@ -175,6 +175,7 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
                 )
                 .run()?,
                 Check::Test => cmd!(sh, "{cargo} test --workspace").run()?,
+                Check::OverlayUnit => overlay_unit_tests(sh, project)?,
             }
             Ok(())
         }
@@ -204,6 +205,34 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
             }
         }
     }
+}
+
+/// Host-only tests of the overlay: plain C++ files, built with the machine's compiler and run.
+fn overlay_unit_tests(sh: &Shell, project: &Project) -> Result<()> {
+    let cxx =
+        which::which("c++").context("a C++ compiler (c++) is needed: apt-get install -y g++")?;
+    let overlay = project.overlay_dir();
+    let scratch = project.scratch()?;
+    let tests = [(
+        "test-switches",
+        vec![
+            overlay.join("switches.cpp"),
+            overlay.join("tests/test-switches.cpp"),
+        ],
+    )];
+    for (name, sources) in tests {
+        let exe = scratch.path().join(name);
+        cmd!(
+            sh,
+            "{cxx} -std=c++17 -Wall -Wextra -Werror -o {exe} {sources...}"
+        )
+        .run()
+        .with_context(|| format!("compiling {name}"))?;
+        cmd!(sh, "{exe}")
+            .run()
+            .with_context(|| format!("{name} failed"))?;
+    }
+    Ok(())
 }
 
 /// The CPU build must run a model: a tiny random-weight llama GGUF written by the host's own

@@ -161,7 +161,7 @@ impl Toolchains {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Matrix {
-    /// Driver checks (fmt, clippy, test), each one cpu cell.
+    /// Checks that need no host tree (fmt, clippy, test, overlay-unit), each one cpu cell.
     pub checks: Vec<Check>,
     #[serde(rename = "group")]
     pub groups: Vec<CellGroup>,
@@ -173,6 +173,8 @@ pub enum Check {
     Fmt,
     Clippy,
     Test,
+    /// The overlay's host-only unit tests (switch precedence), with the C++ compiler.
+    OverlayUnit,
 }
 
 /// host × archs × flavors for one kind of cell.
@@ -263,6 +265,7 @@ impl std::fmt::Display for Check {
             Check::Fmt => "fmt",
             Check::Clippy => "clippy",
             Check::Test => "test",
+            Check::OverlayUnit => "overlay-unit",
         })
     }
 }
