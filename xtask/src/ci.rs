@@ -13,6 +13,7 @@ use crate::config::{CellKind, Check, Flavor, Matrix};
 use crate::doctor;
 use crate::patch;
 use crate::project::{step, Project};
+use crate::test_backend_ops::{self, TestBackendOpsArgs};
 use crate::toolchain::{self, CudaChoice, Provision};
 
 #[derive(Debug, Args)]
@@ -197,11 +198,20 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
                 pinned_cuda: cell.kind == CellKind::CompileOnly,
                 ..BuildArgs::default()
             };
+            if cell.kind == CellKind::Gpu {
+                // The whole upstream suite plus the FlashRT cases, CUDA against the CPU.
+                let tests = TestBackendOpsArgs {
+                    full: true,
+                    stock: *flavor == Flavor::Stock,
+                    arch: arch.clone(),
+                    ..TestBackendOpsArgs::default()
+                };
+                return test_backend_ops::run(sh, project, tests);
+            }
             let built = build::build(sh, project, &args)?;
             match cell.kind {
                 CellKind::Cpu => smoke_cpu(sh, project, &built),
-                CellKind::CompileOnly => Ok(()),
-                CellKind::Gpu => test_backend_ops_gpu(sh, &built),
+                _ => Ok(()),
             }
         }
     }
@@ -265,23 +275,6 @@ fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> 
     if !table.contains("tg16") || !table.contains("pp32") {
         bail!("llama-bench printed no pp32/tg16 rows:\n{table}");
     }
-    Ok(())
-}
-
-/// The whole upstream suite on the GPU against the CPU backend.
-fn test_backend_ops_gpu(sh: &Shell, built: &build::Built) -> Result<()> {
-    let tbo = built.build_dir.join("bin/test-backend-ops");
-    if !tbo.is_file() {
-        bail!("the build has no {}", tbo.display());
-    }
-    let jobs = std::thread::available_parallelism()
-        .map(usize::from)
-        .unwrap_or(2)
-        .to_string();
-    cmd!(sh, "{tbo} test -b CUDA0 -j {jobs}")
-        .env("GGML_CUDA_FLASHRT_NO_CACHE", "1")
-        .run()
-        .context("test-backend-ops failed")?;
     Ok(())
 }
 

@@ -11,6 +11,7 @@ mod fsutil;
 mod host;
 mod patch;
 mod project;
+mod test_backend_ops;
 mod toolchain;
 mod treehash;
 
@@ -51,6 +52,8 @@ enum Command {
     Build(build::BuildArgs),
     /// Show which tools, GPUs and host sources this machine has, and how to fix what is missing.
     Doctor,
+    /// Run llama.cpp's test-backend-ops (CUDA vs CPU) on the overlay build; default: the FlashRT cases.
+    TestBackendOps(test_backend_ops::TestBackendOpsArgs),
     /// Run the CI matrix cells this machine can run.
     Ci(ci::CiArgs),
 }
@@ -76,6 +79,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Patch(args) => patch::run(&sh, &project, args),
         Command::Build(args) => build::run(&sh, &project, args),
         Command::Doctor => doctor::run(&sh, &project),
+        Command::TestBackendOps(args) => test_backend_ops::run(&sh, &project, args),
         Command::Ci(args) => ci::run(&sh, &project, args),
     }
 }
