@@ -62,7 +62,7 @@ summary+=("stats: $(grep -m1 'GDN_GATED_NORM' "$out/stats-flashrt.txt" | xargs)"
 
 bench() {
     "$bin/llama-bench" -m "$model" -ngl 99 -fa 1 -p 0 -n 128 -r 5 -o jsonl 2>/dev/null \
-        | python3 -c 'import json,sys; r=json.loads(sys.stdin.readlines()[-1]); print(f"{r[\"avg_ts\"]:.1f}±{r[\"stddev_ts\"]:.1f}")'
+        | python3 -c 'import json,sys; r=json.loads(sys.stdin.readlines()[-1]); print("%.1f+-%.1f" % (r["avg_ts"], r["stddev_ts"]))'
 }
 a1=$(GGML_CUDA_FLASHRT_DISABLE=1 bench); b1=$(bench); a2=$(GGML_CUDA_FLASHRT_DISABLE=1 bench); b2=$(bench)
 summary+=("tiny qwen35moe tg128 tok/s: disabled $a1 / overlay $b1 / disabled $a2 / overlay $b2")
