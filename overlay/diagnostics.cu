@@ -58,7 +58,8 @@ static std::string shape_of(const ggml_tensor * t) {
     return buf;
 }
 
-void flashrt_dump_graph(const ggml_cgraph * cgraph, const char * (*covering)(const ggml_cgraph *, int, int *)) {
+void flashrt_dump_graph(const ggml_cgraph * cgraph,
+                        std::vector<const char *> (*labels)(const ggml_cgraph * cgraph)) {
     static const char * path = std::getenv("GGML_FLASHRT_DUMP");
     if (path == nullptr || *path == '\0') {
         return;
@@ -79,27 +80,18 @@ void flashrt_dump_graph(const ggml_cgraph * cgraph, const char * (*covering)(con
         written = max_graphs;
         return;
     }
+    const std::vector<const char *> windows = labels(cgraph);
     // Tab-separated, one node a line; read by `cargo xtask coverage`.
     std::fprintf(f, "#graph\t%d\tnodes\t%d\n", written, cgraph->n_nodes);
     std::fprintf(f, "#index\top\tname\tshape\twindow\tsources\n");
-    const char * window = nullptr;
-    int window_left = 0;
     for (int i = 0; i < cgraph->n_nodes; ++i) {
         const ggml_tensor * t = cgraph->nodes[i];
-        if (window_left == 0) {
-            int n = 0;
-            window = covering(cgraph, i, &n);
-            window_left = window ? n : 0;
-        }
         std::string sources;
         for (int s = 0; s < GGML_MAX_SRC && t->src[s]; ++s) {
             sources += (s ? ";" : "") + shape_of(t->src[s]) + ":" + t->src[s]->name;
         }
         std::fprintf(f, "%d\t%s\t%s\t%s\t%s\t%s\n", i, ggml_op_desc(t), t->name, shape_of(t).c_str(),
-                     window_left > 0 ? window : "-", sources.c_str());
-        if (window_left > 0) {
-            --window_left;
-        }
+                     windows[i] ? windows[i] : "-", sources.c_str());
     }
     std::fclose(f);
     ++written;

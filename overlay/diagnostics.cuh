@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 constexpr int FLASHRT_MAX_WINDOWS = 64;
 
@@ -27,5 +28,6 @@ bool flashrt_stats_enabled();
 flashrt_stats & flashrt_global_stats();
 
 // Writes `cgraph` to the dump file if dumping is on and fewer than the maximum were written.
-// `covering(i, &n)` names the window that would run at node i (nullptr if none) and its node count.
-void flashrt_dump_graph(const ggml_cgraph * cgraph, const char * (*covering)(const ggml_cgraph *, int, int *));
+// `labels` names, for each node, the window that would take it (nullptr: stock).
+void flashrt_dump_graph(const ggml_cgraph * cgraph,
+                        std::vector<const char *> (*labels)(const ggml_cgraph * cgraph));

@@ -79,17 +79,38 @@ const window_state * find_window(const ggml_cgraph * cgraph, int i, int cc, flas
     return nullptr;
 }
 
-const char * dump_covering(const ggml_cgraph * cgraph, int i, int * n_nodes) {
-    const ggml_tensor * t = cgraph->nodes[i];
-    if ((t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
-        return nullptr;
+// For the dump: the window covering each node, as the node loop would run them.
+std::vector<const char *> dump_labels(const ggml_cgraph * cgraph) {
+    std::vector<const char *> labels(cgraph->n_nodes, nullptr);
+    for (int i = 0; i < cgraph->n_nodes; ++i) {
+        const ggml_tensor * t = cgraph->nodes[i];
+        if (labels[i] != nullptr || (t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+            continue;
+        }
+        flashrt_match m;
+        // Every registered window counts here, whatever the device: the dump describes the graph.
+        const window_state * ws = find_window(cgraph, i, INT_MAX, m, false);
+        if (ws == nullptr) {
+            continue;
+        }
+        const int head = m.deferred() ? m.head : m.n_nodes;
+        for (int k = 0; k < head; ++k) {
+            labels[i + k] = ws->window->name;
+        }
+        for (int k = 0; m.deferred() && k < m.tail; ++k) {
+            labels[m.run_at + k] = ws->window->name;
+        }
     }
-    flashrt_match m;
-    // Every registered window counts here, whatever the device: the dump describes the graph.
-    const window_state * ws = find_window(cgraph, i, INT_MAX, m, false);
-    *n_nodes = ws ? m.n_nodes : 0;
-    return ws ? ws->window->name : nullptr;
+    return labels;
 }
+
+// A deferred window between its match and its run (per thread: one node loop per thread).
+struct pending_window {
+    const ggml_cgraph *  cgraph = nullptr;
+    const window_state * window = nullptr;
+    int                  anchor = -1;
+    flashrt_match        match;
+};
 
 }  // namespace
 
@@ -98,7 +119,7 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
     if (runtime().disabled) {
         return;
     }
-    flashrt_dump_graph(cgraph, dump_covering);
+    flashrt_dump_graph(cgraph, dump_labels);
 }
 
 int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i) {
@@ -110,10 +131,35 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
     // A new pass of the node loop starts when the index goes back (or the graph changes).
     thread_local const ggml_cgraph * pass_graph = nullptr;
     thread_local int pass_last = INT_MAX;
-    if (cgraph != pass_graph || i <= pass_last) {
+    thread_local pending_window pending;
+    const bool new_pass = cgraph != pass_graph || i <= pass_last;
+    if (new_pass) {
         stats.graphs++;
     }
     pass_graph = cgraph;
+
+    if (pending.window != nullptr) {
+        if (new_pass || i > pending.match.run_at) {
+            // The nodes it took were never computed: results would be wrong.
+            GGML_ABORT("FlashRT window %s was deferred from node %d to node %d, which the node loop did not reach",
+                       pending.window->window->name, pending.anchor, pending.match.run_at);
+        }
+        if (i < pending.match.run_at) {
+            // Nodes in between run on stock kernels; no other window starts meanwhile.
+            stats.nodes++;
+            pass_last = i;
+            return 0;
+        }
+        const window_state * ws = pending.window;
+        ws->window->run(ctx, cgraph, pending.anchor, pending.match);
+        const int tail = pending.match.tail;
+        pending = pending_window();
+        stats.nodes += tail;
+        stats.nodes_covered += tail;
+        stats.covered[ws->index] += tail;
+        pass_last = i + tail - 1;
+        return tail - 1;
+    }
 
     flashrt_match m;
     const int cc = ggml_cuda_info().devices[ctx.device].cc;
@@ -123,10 +169,22 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
         pass_last = i;
         return 0;
     }
+    stats.hits[ws->index]++;
+    if (m.deferred()) {
+        GGML_ASSERT(m.head >= 2 && m.tail >= 2 && m.run_at >= i + m.head);
+        pending.cgraph = cgraph;
+        pending.window = ws;
+        pending.anchor = i;
+        pending.match = m;
+        stats.nodes += m.head;
+        stats.nodes_covered += m.head;
+        stats.covered[ws->index] += m.head;
+        pass_last = i + m.head - 1;
+        return m.head - 1;
+    }
     ws->window->run(ctx, cgraph, i, m);
     stats.nodes += m.n_nodes;
     stats.nodes_covered += m.n_nodes;
-    stats.hits[ws->index]++;
     stats.covered[ws->index] += m.n_nodes;
     pass_last = i + m.n_nodes - 1;
     return m.n_nodes - 1;

@@ -6,11 +6,24 @@
 #include "common.cuh"
 #include "switches.h"
 
-// What a window's predicate found at a node.
+// What a window's predicate found at node i.
+//
+// Most windows cover a contiguous run [i, i + n_nodes) and run at i. Some inputs of a window are
+// produced by unrelated nodes that the graph places inside the run (qwen35moe computes z between
+// the norm and its gate): such a window is deferred. Its first `head` nodes are taken at i and
+// not computed, the nodes in between run on stock kernels, and the window runs at `run_at`,
+// taking `tail` nodes from there. The predicate must prove that nothing in between reads the
+// head's results or overwrites the window's inputs.
 struct flashrt_match {
-    int          n_nodes = 0;        // nodes covered, starting at the matched node (>= 2 on a hit)
+    int          n_nodes = 0;        // immediate: nodes covered from i (>= 2 on a hit)
     const char * miss    = nullptr;  // on a miss: the first predicate that failed
-    bool hit() const { return miss == nullptr && n_nodes >= 2; }
+    int          run_at  = -1;       // deferred: the node where the window runs (> i)
+    int          head    = 0;        // deferred: nodes taken at i (>= 2)
+    int          tail    = 0;        // deferred: nodes taken at run_at (>= 2)
+
+    bool hit() const { return miss == nullptr && (deferred() || n_nodes >= 2); }
+    bool deferred() const { return run_at >= 0; }
+    int  covered() const { return deferred() ? head + tail : n_nodes; }
 };
 
 // Miss reason of a window whose first node is not even the right op: the common case, never
@@ -29,12 +42,21 @@ inline flashrt_match flashrt_hit(int n_nodes) {
     return m;
 }
 
+inline flashrt_match flashrt_hit_deferred(int head, int run_at, int tail) {
+    flashrt_match m;
+    m.head   = head;
+    m.run_at = run_at;
+    m.tail   = tail;
+    return m;
+}
+
 struct flashrt_window {
     const char * name;    // switch key: GGML_FLASHRT_NO_<name>, FRT_<name>_SWAP
     flashrt_tier tier;
     int          min_cc;  // lowest compute capability its kernels are built for (ggml's numbering, 900 = sm_90)
     flashrt_match (*match)(const ggml_cgraph * cgraph, int i);
-    // Runs the matched nodes on ctx.stream(); capture-safe (no sync, no allocation outside ctx.pool()).
+    // Runs the matched nodes on ctx.stream() (i is the node the match was made at, also when
+    // deferred); capture-safe: no sync, no allocation outside ctx.pool().
     void (*run)(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
 };
 

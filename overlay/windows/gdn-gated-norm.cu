@@ -5,6 +5,9 @@
 
 #include <cstring>
 
+// Nodes the graph may place between the norm and its gate (qwen35moe computes z there).
+static constexpr int max_between = 8;
+
 // Predicate first; each miss names its reason (GGML_FLASHRT_DEBUG=1 prints them).
 flashrt_match flashrt_match_gdn_gated_norm(const ggml_cgraph * cgraph, int i) {
     const ggml_tensor * norm = cgraph->nodes[i];
@@ -20,19 +23,35 @@ flashrt_match flashrt_match_gdn_gated_norm(const ggml_cgraph * cgraph, int i) {
     }
     const ggml_tensor * weight = norm_mul->src[0] == norm ? norm_mul->src[1] : norm_mul->src[0];
 
-    const int k = flashrt_skip_views(cgraph, i + 2);
-    if (k + 1 >= cgraph->n_nodes) {
-        return flashrt_miss("graph ends before SILU, MUL");
+    // The gate: out = MUL(norm_mul, SILU(z)), a few nodes on.
+    int out_idx = -1;
+    for (int j = i + 2; j < cgraph->n_nodes && j <= i + 2 + max_between; ++j) {
+        if (cgraph->nodes[j]->src[0] == norm_mul || cgraph->nodes[j]->src[1] == norm_mul) {
+            out_idx = j;
+            break;
+        }
     }
-    const ggml_tensor * silu = cgraph->nodes[k];
-    if (silu->op != GGML_OP_UNARY || ggml_get_unary_op(silu) != GGML_UNARY_OP_SILU) {
-        return flashrt_miss("no SILU after the norm (not a gated norm)");
+    if (out_idx < 0) {
+        return flashrt_miss("the normed value is not used within a few nodes (not a gated norm)");
     }
-    const ggml_tensor * out = cgraph->nodes[k + 1];
-    const bool combines = out->op == GGML_OP_MUL && ((out->src[0] == norm_mul && out->src[1] == silu) ||
-                                                     (out->src[0] == silu && out->src[1] == norm_mul));
-    if (!combines) {
-        return flashrt_miss("the last MUL does not combine the norm and the SILU");
+    const ggml_tensor * out = cgraph->nodes[out_idx];
+    const ggml_tensor * silu = out->src[0] == norm_mul ? out->src[1] : out->src[0];
+    if (out->op != GGML_OP_MUL || silu == nullptr || silu->op != GGML_OP_UNARY ||
+        ggml_get_unary_op(silu) != GGML_UNARY_OP_SILU) {
+        return flashrt_miss("the normed value is not multiplied by a SILU (not a gated norm)");
+    }
+    int silu_idx = -1;
+    for (int j = out_idx - 1; j > i + 1; --j) {
+        if (cgraph->nodes[j] == silu) {
+            silu_idx = j;
+            break;
+        }
+        if (!flashrt_is_view(cgraph->nodes[j])) {
+            break;
+        }
+    }
+    if (silu_idx < 0) {
+        return flashrt_miss("the SILU does not come right before the gating MUL");
     }
 
     const ggml_tensor * x = norm->src[0];
@@ -54,28 +73,46 @@ flashrt_match flashrt_match_gdn_gated_norm(const ggml_cgraph * cgraph, int i) {
     if (x->ne[2] > 65535 || x->ne[3] > 65535) {
         return flashrt_miss("shape: more channels or samples than a grid holds");
     }
-    for (int node : { i, i + 1, k }) {
+    for (int node : { i, i + 1, silu_idx }) {
         if (!ggml_node_has_n_uses(cgraph, node, 1)) {
             return flashrt_miss("an intermediate result is used outside the window");
         }
     }
-    for (int node = i; node <= k + 1; ++node) {
-        const ggml_tensor * t = cgraph->nodes[node];
-        if (!flashrt_is_view(t) && (t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+    for (int node : { i, i + 1, silu_idx, out_idx }) {
+        if ((cgraph->nodes[node]->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
             return flashrt_miss("a node of the window is not to be computed");
         }
     }
     if (!flashrt_same_or_disjoint(out, x) || !flashrt_same_or_disjoint(out, z) || flashrt_overlaps(out, weight)) {
         return flashrt_miss("memory: the output partly overlaps an input");
     }
-    return flashrt_hit(k + 2 - i);
+
+    // Only views between the norm and the gate: one contiguous window.
+    bool only_views = true;
+    for (int j = i + 2; j < silu_idx; ++j) {
+        only_views = only_views && flashrt_is_view(cgraph->nodes[j]);
+    }
+    if (only_views) {
+        return flashrt_hit(out_idx + 1 - i);
+    }
+    // Otherwise the norm waits for the gate. The nodes in between cannot read the norm (its
+    // results have one use each, inside the window) but the allocator may hand x's memory to them
+    // once the RMS_NORM is done: then the window cannot wait.
+    for (int j = i + 2; j < silu_idx; ++j) {
+        const ggml_tensor * t = cgraph->nodes[j];
+        if (!flashrt_is_view(t) && (flashrt_overlaps(t, x) || flashrt_overlaps(t, weight))) {
+            return flashrt_miss("memory: a node between the norm and its gate reuses x's buffer");
+        }
+    }
+    return flashrt_hit_deferred(2, silu_idx, out_idx + 1 - silu_idx);
 }
 
 void flashrt_run_gdn_gated_norm(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
     const ggml_tensor * norm = cgraph->nodes[i];
     const ggml_tensor * norm_mul = cgraph->nodes[i + 1];
-    const ggml_tensor * silu = cgraph->nodes[i + m.n_nodes - 2];
-    ggml_tensor * out = cgraph->nodes[i + m.n_nodes - 1];
+    const int last = m.deferred() ? m.run_at + m.tail - 1 : i + m.n_nodes - 1;
+    ggml_tensor * out = cgraph->nodes[last];
+    const ggml_tensor * silu = out->src[0] == norm_mul ? out->src[1] : out->src[0];
     const ggml_tensor * x = norm->src[0];
     const ggml_tensor * weight = norm_mul->src[0] == norm ? norm_mul->src[1] : norm_mul->src[0];
     const ggml_tensor * z = silu->src[0];

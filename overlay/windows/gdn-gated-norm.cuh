@@ -1,8 +1,9 @@
 #pragma once
 
 // Window GDN_GATED_NORM (tier safe): the Gated DeltaNet output norm of qwen35/qwen35moe,
-//   RMS_NORM(o) -> MUL(ssm_norm) -> [views] -> SILU(z) -> MUL
-// as one kernel. Stock runs it as two (RMS_NORM+MUL fused, SILU+MUL fused).
+//   RMS_NORM(o) -> MUL(ssm_norm) -> ... -> SILU(z) -> MUL
+// as one kernel. Stock runs it as two (RMS_NORM+MUL fused, SILU+MUL fused). When the graph
+// computes z between the norm and the gate, the window is deferred to the SILU (registry.cuh).
 
 #include "../registry.cuh"
 
