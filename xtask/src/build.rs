@@ -13,7 +13,7 @@ use crate::project::{note, read_stamp, step, write_stamp, Project};
 use crate::toolchain::{self, CudaChoice, DriverLibrary, Provision};
 use crate::{host, patch};
 
-#[derive(Debug, Args, Clone, Default)]
+#[derive(Debug, Args, Clone)]
 pub struct BuildArgs {
     /// Which host (a folder under hosts/).
     #[arg(long, default_value = "llama.cpp")]
@@ -48,6 +48,24 @@ pub struct BuildArgs {
     /// Parallel build jobs (default: all cores).
     #[arg(long, short)]
     pub jobs: Option<usize>,
+}
+
+impl BuildArgs {
+    /// A build of `host` with every option at its command-line default.
+    pub fn new(host: &str) -> BuildArgs {
+        BuildArgs {
+            host: host.to_owned(),
+            arch: Vec::new(),
+            stock: false,
+            cpu: false,
+            targets: Vec::new(),
+            overlay_only: false,
+            host_src: None,
+            pinned_cuda: false,
+            force: false,
+            jobs: None,
+        }
+    }
 }
 
 /// What a finished build produced.
@@ -303,6 +321,21 @@ fn configure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn programmatic_defaults_equal_the_command_line_defaults() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: BuildArgs,
+        }
+        let parsed = Wrap::parse_from(["build"]).args;
+        assert_eq!(
+            format!("{parsed:?}"),
+            format!("{:?}", BuildArgs::new("llama.cpp"))
+        );
+    }
 
     #[test]
     fn arch_names_normalise_to_cmake_form() {

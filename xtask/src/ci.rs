@@ -188,7 +188,6 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
             targets,
         } => {
             let args = BuildArgs {
-                host: host.clone(),
                 arch: arch.iter().cloned().collect(),
                 stock: *flavor == Flavor::Stock,
                 cpu: arch.is_none(),
@@ -196,7 +195,7 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
                 overlay_only: cell.kind == CellKind::CompileOnly,
                 // Compile-only cells prove the overlay compiles with the pinned nvcc.
                 pinned_cuda: cell.kind == CellKind::CompileOnly,
-                ..BuildArgs::default()
+                ..BuildArgs::new(host)
             };
             if cell.kind == CellKind::Gpu {
                 // The whole upstream suite plus the FlashRT cases, CUDA against the CPU.
@@ -204,7 +203,7 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
                     full: true,
                     stock: *flavor == Flavor::Stock,
                     arch: arch.clone(),
-                    ..TestBackendOpsArgs::default()
+                    ..TestBackendOpsArgs::new(host)
                 };
                 return test_backend_ops::run(sh, project, tests);
             }

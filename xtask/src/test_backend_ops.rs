@@ -12,8 +12,11 @@ use crate::build::{self, BuildArgs};
 use crate::doctor;
 use crate::project::{note, step, Project};
 
-#[derive(Debug, Args, Clone, Default)]
+#[derive(Debug, Args, Clone)]
 pub struct TestBackendOpsArgs {
+    /// Which host (a folder under hosts/).
+    #[arg(long, default_value = "llama.cpp")]
+    pub host: String,
     /// Ops to test, comma-separated (test-backend-ops -o; regexes allowed).
     /// Default: every FlashRT case (FLASHRT_.*).
     #[arg(
@@ -43,6 +46,22 @@ pub struct TestBackendOpsArgs {
     pub jobs: Option<usize>,
 }
 
+impl TestBackendOpsArgs {
+    /// The FlashRT cases on `host`'s default architecture, as the command line would default.
+    pub fn new(host: &str) -> TestBackendOpsArgs {
+        TestBackendOpsArgs {
+            host: host.to_owned(),
+            ops: Vec::new(),
+            full: false,
+            arch: None,
+            stock: false,
+            allow_no_gpu: false,
+            host_src: None,
+            jobs: None,
+        }
+    }
+}
+
 pub fn run(sh: &Shell, project: &Project, args: TestBackendOpsArgs) -> Result<()> {
     let gpu = doctor::gpus(sh);
     if let Err(why) = &gpu {
@@ -61,7 +80,7 @@ pub fn run(sh: &Shell, project: &Project, args: TestBackendOpsArgs) -> Result<()
             stock: args.stock,
             targets: vec!["test-backend-ops".into()],
             host_src: args.host_src.clone(),
-            ..BuildArgs::default()
+            ..BuildArgs::new(&args.host)
         },
     )?;
     if gpu.is_err() {
@@ -210,6 +229,21 @@ mod tests {
         FlashRT stats: 15 graph evaluation(s), 90 compute nodes, 40 covered by windows (44.4%)\n\
         FlashRT stats:   GDN_GATED_NORM           hits       13  nodes       52\n\
         FlashRT stats:   OTHER_WINDOW             hits        0  nodes        0\n";
+
+    #[test]
+    fn programmatic_defaults_equal_the_command_line_defaults() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: TestBackendOpsArgs,
+        }
+        let parsed = Wrap::parse_from(["test-backend-ops"]).args;
+        assert_eq!(
+            format!("{parsed:?}"),
+            format!("{:?}", TestBackendOpsArgs::new("llama.cpp"))
+        );
+    }
 
     #[test]
     fn reads_totals_failures_and_window_hits() {
