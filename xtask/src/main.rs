@@ -6,6 +6,7 @@
 mod build;
 mod ci;
 mod config;
+mod coverage;
 mod doctor;
 mod fsutil;
 mod host;
@@ -54,6 +55,8 @@ enum Command {
     Doctor,
     /// Run llama.cpp's test-backend-ops (CUDA vs CPU) on the overlay build; default: the FlashRT cases.
     TestBackendOps(test_backend_ops::TestBackendOpsArgs),
+    /// Summarise a GGML_FLASHRT_DUMP file: window coverage and the ops no window covers.
+    Coverage(coverage::CoverageArgs),
     /// Run the CI matrix cells this machine can run.
     Ci(ci::CiArgs),
 }
@@ -80,6 +83,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Build(args) => build::run(&sh, &project, args),
         Command::Doctor => doctor::run(&sh, &project),
         Command::TestBackendOps(args) => test_backend_ops::run(&sh, &project, args),
+        Command::Coverage(args) => coverage::run(args),
         Command::Ci(args) => ci::run(&sh, &project, args),
     }
 }
