@@ -6,16 +6,13 @@
 #      greedy completions and FRT_STATS with the overlay on and with GGML_CUDA_FLASHRT_DISABLE=1,
 #      a GGML_FLASHRT_DUMP of the graphs, and llama-bench A/B/A
 # Usage (device, repository root): bench/device/overlay-check.sh [--full]
-# Carried in .xtask/device/: xtask (release binary), llama.cpp.tar.xz (pristine tree), see smoke.sh.
+# Needs .xtask/device/ carried, as smoke.sh (see bench/README.md).
 set -euo pipefail
 out=${OUT:-/tmp/overlay-check}
 mkdir -p "$out"
 xtask=.xtask/device/xtask
-host_src=/tmp/host-src/pristine
-if [ ! -d "$host_src" ]; then
-    mkdir -p /tmp/host-src
-    tar -xJf .xtask/device/llama.cpp.tar.xz -C /tmp/host-src
-fi
+# The verified pinned tree, carried: the device cannot download it.
+"$xtask" host fetch --host-src .xtask/device/llama.cpp.tar.xz
 summary=()
 
 echo "== 1. vendor kernel unit tests"
@@ -25,13 +22,13 @@ nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/gated-rms-norm.cu vendor
 summary+=("vendor gated-rms-norm: $(tail -1 "$out/vendor-tests.txt")")
 
 echo "== 2. build + test-backend-ops FlashRT cases"
-"$xtask" build --host-src "$host_src" --arch 90a \
+"$xtask" build --arch 90a \
     --targets test-backend-ops,llama-bench,llama-completion,test-llama-archs > "$out/build.log" 2>&1 \
     || { tail -30 "$out/build.log"; exit 1; }
-"$xtask" test-backend-ops --host-src "$host_src" --arch 90a 2>&1 | tee "$out/tbo-flashrt.txt"
+"$xtask" test-backend-ops --arch 90a 2>&1 | tee "$out/tbo-flashrt.txt"
 summary+=("test-backend-ops FLASHRT_.*: $(grep -m1 'tests passed' "$out/tbo-flashrt.txt" | xargs)")
 if [ "${1:-}" = --full ]; then
-    "$xtask" test-backend-ops --host-src "$host_src" --arch 90a --full 2>&1 | tee "$out/tbo-full.txt" | tail -12
+    "$xtask" test-backend-ops --arch 90a --full 2>&1 | tee "$out/tbo-full.txt" | tail -12
     summary+=("test-backend-ops full: $(grep -m1 'tests passed' "$out/tbo-full.txt" | xargs)")
 fi
 

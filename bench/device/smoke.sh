@@ -4,25 +4,20 @@
 # run llama-bench and a greedy llama-completion on them. Prints a short table last.
 #
 # Usage (on the device, from the repository root):  bench/device/smoke.sh flashrt|stock
-# Needs, carried in .xtask/device/ (built on a CPU machine, see bench/README.md):
-#   xtask            the release xtask binary (cargo build --release -p xtask)
-#   llama.cpp.tar.xz the verified pristine tree (tar -cJf ... -C .xtask/hosts/llama.cpp pristine)
+# Needs .xtask/device/ carried (see bench/README.md): the release xtask binary and the pinned
+# tree from `cargo xtask host pack --out .xtask/device/llama.cpp.tar.xz`.
 set -euo pipefail
 flavor=${1:?usage: smoke.sh flashrt|stock}
 out=${OUT:-/tmp/smoke-out}
 mkdir -p "$out"
 xtask=.xtask/device/xtask
-host_src=/tmp/host-src/pristine
-
-if [ ! -d "$host_src" ]; then
-    mkdir -p /tmp/host-src
-    tar -xJf .xtask/device/llama.cpp.tar.xz -C /tmp/host-src
-fi
+# The verified pinned tree, carried: the device cannot download it.
+"$xtask" host fetch --host-src .xtask/device/llama.cpp.tar.xz
 
 stock_flag=()
 [ "$flavor" = stock ] && stock_flag=(--stock)
 start=$(date +%s)
-"$xtask" build --host llama.cpp --host-src "$host_src" --arch 90a "${stock_flag[@]}" \
+"$xtask" build --host llama.cpp --arch 90a "${stock_flag[@]}" \
     --targets llama-bench,llama-completion,test-llama-archs 2>&1 | tee "$out/build-$flavor.log" | grep -v '^\[' || true
 build_s=$(( $(date +%s) - start ))
 bin=.xtask/build/llama.cpp-$flavor-sm90a/bin

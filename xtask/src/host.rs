@@ -28,6 +28,15 @@ pub enum HostCommand {
     Fetch(SourceArgs),
     /// Show the pin, where the source came from, and the state of the patched tree and mount.
     Status(HostSelect),
+    /// Write the verified pristine tree as one .tar.xz, for machines that cannot fetch it
+    /// (pass the file there with --host-src).
+    Pack {
+        #[command(flatten)]
+        select: HostSelect,
+        /// Where to write it (default: .xtask/hosts/<host>/<host>-<rev>.tar.xz).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args, Clone)]
@@ -41,7 +50,8 @@ pub struct HostSelect {
 pub struct SourceArgs {
     #[command(flatten)]
     pub select: HostSelect,
-    /// Use this local checkout (or extracted archive) as the source; it must match the pin.
+    /// Use this local checkout, extracted tree or archive (.tar.xz, .tar.gz, .tar; e.g. from
+    /// `host pack`) as the source; it must match the pin.
     #[arg(long, value_name = "DIR")]
     pub host_src: Option<PathBuf>,
 }
@@ -81,6 +91,7 @@ pub fn run(sh: &Shell, project: &Project, args: HostArgs) -> Result<()> {
             Ok(())
         }
         HostCommand::Status(select) => status(sh, project, &project.host(&select.host)?),
+        HostCommand::Pack { select, out } => pack(sh, project, &project.host(&select.host)?, out),
     }
 }
 
@@ -106,7 +117,7 @@ pub fn ensure_pristine(
     host_src: Option<&Path>,
 ) -> Result<PristineStamp> {
     if let Some(dir) = host_src {
-        return from_local_dir(project, host, dir);
+        return from_local_dir(sh, project, host, dir);
     }
     if let Some(stamp) = cached_pristine(project, host) {
         return Ok(stamp);
@@ -172,9 +183,86 @@ fn no_source(host: &HostConfig, failures: &[String]) -> anyhow::Error {
     anyhow::anyhow!(message)
 }
 
-fn from_local_dir(project: &Project, host: &HostConfig, dir: &Path) -> Result<PristineStamp> {
+fn pack(sh: &Shell, project: &Project, host: &HostConfig, out: Option<PathBuf>) -> Result<()> {
+    let Some(stamp) = cached_pristine(project, host) else {
+        bail!(
+            "no verified tree of {} to pack: run `cargo xtask host fetch --host {}` first",
+            host.name,
+            host.name
+        );
+    };
+    let rev = host.rev.as_deref().map(|r| &r[..12]).unwrap_or("unpinned");
+    let out = out.unwrap_or_else(|| {
+        project
+            .host_work(&host.name)
+            .join(format!("{}-{rev}.tar.xz", host.name))
+    });
+    let dir = project.host_work(&host.name);
+    step(format!(
+        "packing {} ({} files) into {}",
+        stamp.tree_hash,
+        stamp.files,
+        out.display()
+    ));
+    let partial = out.with_extension("partial");
+    cmd!(sh, "tar -cJf {partial} -C {dir} pristine")
+        .run()
+        .with_context(|| format!("writing {}", partial.display()))?;
+    std::fs::rename(&partial, &out).with_context(|| format!("moving into {}", out.display()))?;
+    let size = std::fs::metadata(&out)?.len();
+    println!(
+        "{} ({:.1} MiB); use it with --host-src {}",
+        out.display(),
+        size as f64 / 1048576.0,
+        out.display()
+    );
+    Ok(())
+}
+
+/// --host-src given as an archive: extracted into scratch space; the tree is its only top folder.
+fn extract_archive(sh: &Shell, scratch: &Path, archive: &Path) -> Result<PathBuf> {
+    let into = scratch.join("archive");
+    std::fs::create_dir_all(&into)?;
+    step(format!("extracting {}", archive.display()));
+    cmd!(sh, "tar -xf {archive} -C {into}")
+        .quiet()
+        .run()
+        .with_context(|| {
+            format!(
+                "extracting {} (corrupt or truncated archive?)",
+                archive.display()
+            )
+        })?;
+    let entries: Vec<PathBuf> = std::fs::read_dir(&into)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    match entries.as_slice() {
+        [only] if only.is_dir() => Ok(only.clone()),
+        _ => Ok(into),
+    }
+}
+
+fn from_local_dir(
+    sh: &Shell,
+    project: &Project,
+    host: &HostConfig,
+    src: &Path,
+) -> Result<PristineStamp> {
+    let scratch = project.scratch()?;
+    let is_archive = src.is_file()
+        && [".tar", ".tar.xz", ".txz", ".tar.gz", ".tgz"]
+            .iter()
+            .any(|ext| src.to_string_lossy().ends_with(ext));
+    let dir = if is_archive {
+        extract_archive(sh, scratch.path(), src)?
+    } else {
+        src.to_path_buf()
+    };
     if !dir.is_dir() {
-        bail!("--host-src {}: no such directory", dir.display());
+        bail!(
+            "--host-src {}: no such directory or .tar(.xz|.gz) archive",
+            src.display()
+        );
     }
     let dir = dir
         .canonicalize()
@@ -191,15 +279,24 @@ fn from_local_dir(project: &Project, host: &HostConfig, dir: &Path) -> Result<Pr
         let edits = local_edits_hint(&dir);
         anyhow::anyhow!(
             "{err:#}{edits}\n--host-src {} is not the pinned tree; nothing was changed",
-            dir.display()
+            src.display()
         )
     })?;
-    let scratch = project.scratch()?;
     let staged = scratch.path().join("tree");
-    step(format!("copying {} into the cache", dir.display()));
-    fsutil::copy_tree(&dir, &staged, &|rel| {
-        rel.file_name().is_some_and(|n| n == ".git")
-    })?;
+    if is_archive {
+        // Already a private copy: move it.
+        std::fs::rename(&dir, &staged).context("moving the extracted tree")?;
+    } else {
+        step(format!("copying {} into the cache", dir.display()));
+        fsutil::copy_tree(&dir, &staged, &|rel| {
+            rel.file_name().is_some_and(|n| n == ".git")
+        })?;
+    }
+    let source = if is_archive {
+        "archive"
+    } else {
+        "local directory"
+    };
     publish(
         project,
         host,
@@ -207,7 +304,7 @@ fn from_local_dir(project: &Project, host: &HostConfig, dir: &Path) -> Result<Pr
         PristineStamp {
             tree_hash: actual.digest,
             files: actual.files,
-            source: format!("local directory {}", dir.display()),
+            source: format!("{source} {}", src.display()),
             verified,
         },
     )

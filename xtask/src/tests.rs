@@ -604,3 +604,45 @@ fn scratch_left_by_an_interrupted_run_is_removed() {
     assert!(!abandoned.exists());
     assert!(ours.exists() && fresh.path().exists());
 }
+
+#[test]
+fn host_src_may_be_an_archive() {
+    let f = Fixture::new();
+    let archive = f.tmp.join("host.tar.gz");
+    let status = Command::new("tar")
+        .arg("-czf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&f.tmp)
+        .arg("upstream")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let sh = Shell::new().unwrap();
+    let stamp = host::ensure_pristine(&sh, &f.project, &f.host(), Some(&archive)).unwrap();
+    assert!(
+        stamp.verified && stamp.source.starts_with("archive "),
+        "{}",
+        stamp.source
+    );
+    assert_eq!(
+        tree_hash(&f.project.pristine_dir(HOST)).unwrap().digest,
+        f.hash
+    );
+
+    // A truncated archive is reported and changes nothing.
+    let bytes = std::fs::read(&archive).unwrap();
+    let broken = f.tmp.join("broken.tar.gz");
+    std::fs::write(&broken, &bytes[..bytes.len() / 2]).unwrap();
+    let err = err_text(host::ensure_pristine(
+        &sh,
+        &f.project,
+        &f.host(),
+        Some(&broken),
+    ));
+    assert!(err.contains("corrupt or truncated"), "{err}");
+    assert_eq!(
+        tree_hash(&f.project.pristine_dir(HOST)).unwrap().digest,
+        f.hash
+    );
+}
