@@ -10,27 +10,25 @@
 
 extern char ** environ;
 
-namespace {
-
 // Each window's switch, resolved once per process.
-struct window_state {
+struct flashrt_window_state {
     const flashrt_window * window;
     int                    index;
     bool                   enabled;
 };
 
-struct runtime_state {
+struct flashrt_runtime_state {
     bool                      disabled = false;
-    std::vector<window_state> windows;
+    std::vector<flashrt_window_state> windows;
 };
 
-const char * getenv_lookup(const char * name, void *) {
+static const char * getenv_lookup(const char * name, void *) {
     return std::getenv(name);
 }
 
-const runtime_state & runtime() {
-    static const runtime_state state = [] {
-        runtime_state s;
+static const flashrt_runtime_state & runtime() {
+    static const flashrt_runtime_state state = [] {
+        flashrt_runtime_state s;
         std::vector<std::string> warnings;
         s.disabled = flashrt_layer_disabled(getenv_lookup, nullptr, warnings);
         int n_windows = 0;
@@ -62,8 +60,9 @@ const runtime_state & runtime() {
 }
 
 // The enabled window that matches at node i for a device of compute capability cc, if any.
-const window_state * find_window(const ggml_cgraph * cgraph, int i, int cc, flashrt_match & m, bool report) {
-    for (const window_state & ws : runtime().windows) {
+static const flashrt_window_state * find_window(const ggml_cgraph * cgraph, int i, int cc, flashrt_match & m,
+                                               bool report) {
+    for (const flashrt_window_state & ws : runtime().windows) {
         if (!ws.enabled || cc < ws.window->min_cc) {
             continue;
         }
@@ -80,7 +79,7 @@ const window_state * find_window(const ggml_cgraph * cgraph, int i, int cc, flas
 }
 
 // For the dump: the window covering each node, as the node loop would run them.
-std::vector<const char *> dump_labels(const ggml_cgraph * cgraph) {
+static std::vector<const char *> dump_labels(const ggml_cgraph * cgraph) {
     std::vector<const char *> labels(cgraph->n_nodes, nullptr);
     for (int i = 0; i < cgraph->n_nodes; ++i) {
         const ggml_tensor * t = cgraph->nodes[i];
@@ -89,7 +88,7 @@ std::vector<const char *> dump_labels(const ggml_cgraph * cgraph) {
         }
         flashrt_match m;
         // Every registered window counts here, whatever the device: the dump describes the graph.
-        const window_state * ws = find_window(cgraph, i, INT_MAX, m, false);
+        const flashrt_window_state * ws = find_window(cgraph, i, INT_MAX, m, false);
         if (ws == nullptr) {
             continue;
         }
@@ -105,14 +104,12 @@ std::vector<const char *> dump_labels(const ggml_cgraph * cgraph) {
 }
 
 // A deferred window between its match and its run (per thread: one node loop per thread).
-struct pending_window {
+struct flashrt_pending_window {
     const ggml_cgraph *  cgraph = nullptr;
-    const window_state * window = nullptr;
+    const flashrt_window_state * window = nullptr;
     int                  anchor = -1;
     flashrt_match        match;
 };
-
-}  // namespace
 
 void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph) {
     GGML_UNUSED(ctx);
@@ -123,7 +120,7 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
 }
 
 int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i) {
-    const runtime_state & rt = runtime();
+    const flashrt_runtime_state & rt = runtime();
     if (rt.disabled) {
         return 0;
     }
@@ -131,7 +128,7 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
     // A new pass of the node loop starts when the index goes back (or the graph changes).
     thread_local const ggml_cgraph * pass_graph = nullptr;
     thread_local int pass_last = INT_MAX;
-    thread_local pending_window pending;
+    thread_local flashrt_pending_window pending;
     const bool new_pass = cgraph != pass_graph || i <= pass_last;
     if (new_pass) {
         stats.graphs++;
@@ -150,10 +147,10 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
             pass_last = i;
             return 0;
         }
-        const window_state * ws = pending.window;
+        const flashrt_window_state * ws = pending.window;
         ws->window->run(ctx, cgraph, pending.anchor, pending.match);
         const int tail = pending.match.tail;
-        pending = pending_window();
+        pending = flashrt_pending_window();
         stats.nodes += tail;
         stats.nodes_covered += tail;
         stats.covered[ws->index] += tail;
@@ -163,7 +160,7 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
 
     flashrt_match m;
     const int cc = ggml_cuda_info().devices[ctx.device].cc;
-    const window_state * ws = find_window(cgraph, i, cc, m, flashrt_debug_enabled());
+    const flashrt_window_state * ws = find_window(cgraph, i, cc, m, flashrt_debug_enabled());
     if (ws == nullptr) {
         stats.nodes++;
         pass_last = i;
