@@ -13,6 +13,7 @@ use crate::config::{CellKind, Check, Flavor, Matrix};
 use crate::doctor;
 use crate::patch;
 use crate::project::{step, Project};
+use crate::synth::{self, Preset, SynthArgs};
 use crate::test_backend_ops::{self, TestBackendOpsArgs};
 use crate::toolchain::{self, CudaChoice, Provision};
 
@@ -244,8 +245,8 @@ fn overlay_unit_tests(sh: &Shell, project: &Project) -> Result<()> {
     Ok(())
 }
 
-/// The CPU build must run a model: a tiny random-weight llama GGUF written by the host's own
-/// test-llama-archs, benchmarked with llama-bench.
+/// The CPU build must run models: a tiny llama written by the host's own test-llama-archs, and
+/// small variants of the synth presets (their metadata and tensors as llama.cpp loads them).
 fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> {
     let bin = built.build_dir.join("bin");
     let (bench, archs) = (bin.join("llama-bench"), bin.join("test-llama-archs"));
@@ -261,18 +262,35 @@ fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> 
         .ignore_stderr()
         .run()
         .context("writing a tiny llama GGUF")?;
-    let model = models.join("llama-dense.gguf");
-    if !model.is_file() {
-        bail!("test-llama-archs wrote no {}", model.display());
+    let mut to_run = vec![models.join("llama-dense.gguf")];
+    for (preset, layers, experts) in [
+        (Preset::Qwen3_0_6b, 2, None),
+        (Preset::Qwen36_35bA3b, 4, Some(8)),
+    ] {
+        let out = models.join(format!("{preset:?}.gguf"));
+        let args = SynthArgs {
+            preset,
+            out: Some(out.clone()),
+            seed: 1,
+            layers: Some(layers),
+            experts,
+        };
+        synth::run(sh, project, args)?;
+        to_run.push(out);
     }
-    // --repack 0: the CPU repack (AMX) path crashes on batched prompts on some machines.
-    let table = cmd!(sh, "{bench} -m {model} -p 32 -n 16 -r 1 --repack 0 -o md")
-        .ignore_stderr()
-        .read()
-        .context("llama-bench on the tiny model")?;
-    println!("{table}");
-    if !table.contains("tg16") || !table.contains("pp32") {
-        bail!("llama-bench printed no pp32/tg16 rows:\n{table}");
+    for model in &to_run {
+        // --repack 0: the CPU repack (AMX) path crashes on batched prompts on some machines.
+        let table = cmd!(sh, "{bench} -m {model} -p 16 -n 8 -r 1 --repack 0 -o md")
+            .ignore_stderr()
+            .read()
+            .with_context(|| format!("llama-bench on {}", model.display()))?;
+        println!("{table}");
+        if !table.contains("tg8") || !table.contains("pp16") {
+            bail!(
+                "llama-bench printed no pp16/tg8 rows for {}:\n{table}",
+                model.display()
+            );
+        }
     }
     Ok(())
 }

@@ -9,9 +9,11 @@ mod config;
 mod coverage;
 mod doctor;
 mod fsutil;
+mod gguf;
 mod host;
 mod patch;
 mod project;
+mod synth;
 mod test_backend_ops;
 mod toolchain;
 mod treehash;
@@ -55,6 +57,8 @@ enum Command {
     Doctor,
     /// Run llama.cpp's test-backend-ops (CUDA vs CPU) on the overlay build; default: the FlashRT cases.
     TestBackendOps(test_backend_ops::TestBackendOpsArgs),
+    /// Write a random-weight GGUF at a real model's shape (Q4_K_M-like, seeded, streamed).
+    Synth(synth::SynthArgs),
     /// Summarise a GGML_FLASHRT_DUMP file: window coverage and the ops no window covers.
     Coverage(coverage::CoverageArgs),
     /// Run the CI matrix cells this machine can run.
@@ -83,6 +87,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Build(args) => build::run(&sh, &project, args),
         Command::Doctor => doctor::run(&sh, &project),
         Command::TestBackendOps(args) => test_backend_ops::run(&sh, &project, args),
+        Command::Synth(args) => synth::run(&sh, &project, args),
         Command::Coverage(args) => coverage::run(args),
         Command::Ci(args) => ci::run(&sh, &project, args),
     }

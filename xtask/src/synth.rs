@@ -1,0 +1,1002 @@
+//! `cargo xtask synth`: random-weight GGUFs at real model shapes, for honest speed numbers where
+//! real weights cannot be downloaded. Weights are written directly as quantized blocks (a
+//! Q4_K_M-like mix), streamed to disk, the same bytes for the same seed.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use xshell::Shell;
+
+use crate::gguf::{self, Header, TensorInfo, Value, ValueType};
+use crate::host;
+use crate::project::{note, step, Project};
+
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Model shape.
+    #[arg(long, value_enum)]
+    pub preset: Preset,
+    /// Output file (default: .xtask/models/<preset>[-variant]-s<seed>.gguf).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Random seed: the same seed writes the same bytes.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Fewer layers than the preset (quick checks).
+    #[arg(long, value_name = "N")]
+    pub layers: Option<u32>,
+    /// Fewer experts than the preset (MoE presets; at least the number used per token).
+    #[arg(long, value_name = "N")]
+    pub experts: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// Qwen3.6-35B-A3B shape (qwen35moe): 40 layers, 3 of 4 Gated DeltaNet, 256 experts / 8 used.
+    #[value(name = "qwen36-35b-a3b")]
+    Qwen36_35bA3b,
+    /// Qwen3-30B-A3B shape (qwen3moe): 48 layers, 128 experts / 8 used.
+    #[value(name = "qwen3-30b-a3b")]
+    Qwen3_30bA3b,
+    /// A small dense Qwen3 (0.6B shape, 28 layers) for quick checks.
+    #[value(name = "qwen3-0.6b")]
+    Qwen3_0_6b,
+}
+
+// ---- ggml tensor types written here ----
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quant {
+    F32,
+    Q8_0,
+    Q4K,
+    Q6K,
+}
+
+impl Quant {
+    fn ggml_type(self) -> u32 {
+        match self {
+            Quant::F32 => 0,
+            Quant::Q8_0 => 8,
+            Quant::Q4K => 12,
+            Quant::Q6K => 14,
+        }
+    }
+    /// (elements, bytes) per block.
+    fn block(self) -> (u64, u64) {
+        match self {
+            Quant::F32 => (1, 4),
+            Quant::Q8_0 => (32, 34),
+            Quant::Q4K => (256, 144),
+            Quant::Q6K => (256, 210),
+        }
+    }
+}
+
+/// How a tensor's values are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Init {
+    /// Zero-mean weights with this standard deviation (quantized: approximately).
+    Weight(f32),
+    /// Norm weights: 1 plus a little noise.
+    Norm,
+    /// Uniform in [lo, hi).
+    Uniform(f32, f32),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Spec {
+    name: String,
+    dims: Vec<u64>,
+    quant: Quant,
+    init: Init,
+    /// Expert weights: only n_used / n_expert of them are read per token.
+    expert: bool,
+}
+
+impl Spec {
+    fn elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+    fn bytes(&self) -> u64 {
+        let (per, bytes) = self.quant.block();
+        self.elements() / per * bytes
+    }
+}
+
+const WEIGHT_STD: f32 = 0.02;
+
+fn spec(name: String, dims: &[u64], quant: Quant, init: Init) -> Spec {
+    Spec {
+        name,
+        dims: dims.to_vec(),
+        quant,
+        init,
+        expert: false,
+    }
+}
+
+/// The shape of a preset, after --layers / --experts.
+#[derive(Debug, Clone)]
+pub struct Model {
+    arch: &'static str,
+    kv: Vec<(String, Value)>,
+    tensors: Vec<Spec>,
+    n_vocab: u64,
+    n_expert: u64,
+    n_expert_used: u64,
+}
+
+fn u32v(v: u64) -> Value {
+    Value::U32(v as u32)
+}
+
+impl Model {
+    pub fn build(preset: Preset, layers: Option<u32>, experts: Option<u32>) -> Result<Model> {
+        let m = match preset {
+            Preset::Qwen36_35bA3b => {
+                qwen35moe(layers.unwrap_or(40).into(), experts.unwrap_or(256).into())
+            }
+            Preset::Qwen3_30bA3b => qwen3(
+                true,
+                layers.unwrap_or(48).into(),
+                experts.unwrap_or(128).into(),
+            ),
+            Preset::Qwen3_0_6b => {
+                if experts.is_some() {
+                    bail!("--experts: preset qwen3-0.6b is dense");
+                }
+                qwen3(false, layers.unwrap_or(28).into(), 0)
+            }
+        };
+        if m.n_expert > 0 && m.n_expert < m.n_expert_used {
+            bail!(
+                "--experts {}: fewer than the {} used per token",
+                m.n_expert,
+                m.n_expert_used
+            );
+        }
+        Ok(m)
+    }
+
+    /// Bytes read per decoded token: every dense weight, the LM head, the used experts' share
+    /// (the token embedding is one row).
+    pub fn bytes_per_token(&self) -> f64 {
+        let mut total = 0.0;
+        for t in &self.tensors {
+            if t.name == "token_embd.weight" {
+                continue;
+            }
+            let bytes = t.bytes() as f64;
+            total += if t.expert {
+                bytes * self.n_expert_used as f64 / self.n_expert as f64
+            } else {
+                bytes
+            };
+        }
+        total
+    }
+
+    pub fn file_bytes(&self) -> u64 {
+        self.tensors.iter().map(Spec::bytes).sum()
+    }
+}
+
+/// Qwen3.5/3.6 MoE (qwen35moe): every 4th layer full attention, the others Gated DeltaNet.
+fn qwen35moe(n_layer: u64, n_expert: u64) -> Model {
+    let (n_embd, n_vocab, n_ff_exp, n_ff_shexp, n_used) =
+        (2048u64, 248320u64, 512u64, 512u64, 8u64);
+    let (n_head, n_head_kv, head_dim) = (16u64, 2u64, 256u64);
+    let (k_heads, v_heads, head_k, conv) = (16u64, 32u64, 128u64, 4u64);
+    let (key_dim, value_dim) = (head_k * k_heads, head_k * v_heads);
+    let a = "qwen35moe";
+    let kv = vec![
+        (format!("{a}.context_length"), u32v(262144)),
+        (format!("{a}.embedding_length"), u32v(n_embd)),
+        (format!("{a}.block_count"), u32v(n_layer)),
+        (format!("{a}.feed_forward_length"), u32v(n_ff_exp)),
+        (format!("{a}.expert_feed_forward_length"), u32v(n_ff_exp)),
+        (
+            format!("{a}.expert_shared_feed_forward_length"),
+            u32v(n_ff_shexp),
+        ),
+        (format!("{a}.expert_count"), u32v(n_expert)),
+        (format!("{a}.expert_used_count"), u32v(n_used)),
+        (format!("{a}.attention.head_count"), u32v(n_head)),
+        (format!("{a}.attention.head_count_kv"), u32v(n_head_kv)),
+        (format!("{a}.attention.key_length"), u32v(head_dim)),
+        (format!("{a}.attention.value_length"), u32v(head_dim)),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        ),
+        (format!("{a}.rope.dimension_count"), u32v(64)),
+        (
+            format!("{a}.rope.dimension_sections"),
+            Value::Array(ValueType::I32, [11, 11, 10, 0].map(Value::I32).to_vec()),
+        ),
+        (format!("{a}.rope.freq_base"), Value::F32(1e7)),
+        (format!("{a}.full_attention_interval"), u32v(4)),
+        (format!("{a}.ssm.conv_kernel"), u32v(conv)),
+        (format!("{a}.ssm.state_size"), u32v(head_k)),
+        (format!("{a}.ssm.group_count"), u32v(k_heads)),
+        (format!("{a}.ssm.time_step_rank"), u32v(v_heads)),
+        (format!("{a}.ssm.inner_size"), u32v(value_dim)),
+    ];
+    let mut t = vec![
+        spec(
+            "token_embd.weight".into(),
+            &[n_embd, n_vocab],
+            Quant::Q4K,
+            Init::Weight(WEIGHT_STD),
+        ),
+        spec(
+            "output_norm.weight".into(),
+            &[n_embd],
+            Quant::F32,
+            Init::Norm,
+        ),
+        spec(
+            "output.weight".into(),
+            &[n_embd, n_vocab],
+            Quant::Q6K,
+            Init::Weight(WEIGHT_STD),
+        ),
+    ];
+    for il in 0..n_layer {
+        let b = |n: &str| format!("blk.{il}.{n}");
+        t.push(spec(
+            b("attn_norm.weight"),
+            &[n_embd],
+            Quant::F32,
+            Init::Norm,
+        ));
+        t.push(spec(
+            b("post_attention_norm.weight"),
+            &[n_embd],
+            Quant::F32,
+            Init::Norm,
+        ));
+        if (il + 1) % 4 == 0 {
+            t.push(spec(
+                b("attn_q.weight"),
+                &[n_embd, head_dim * n_head * 2],
+                Quant::Q4K,
+                Init::Weight(WEIGHT_STD),
+            ));
+            t.push(spec(
+                b("attn_k.weight"),
+                &[n_embd, head_dim * n_head_kv],
+                Quant::Q4K,
+                Init::Weight(WEIGHT_STD),
+            ));
+            t.push(spec(
+                b("attn_v.weight"),
+                &[n_embd, head_dim * n_head_kv],
+                Quant::Q6K,
+                Init::Weight(WEIGHT_STD),
+            ));
+            t.push(spec(
+                b("attn_output.weight"),
+                &[head_dim * n_head, n_embd],
+                Quant::Q4K,
+                Init::Weight(WEIGHT_STD),
+            ));
+            t.push(spec(
+                b("attn_q_norm.weight"),
+                &[head_dim],
+                Quant::F32,
+                Init::Norm,
+            ));
+            t.push(spec(
+                b("attn_k_norm.weight"),
+                &[head_dim],
+                Quant::F32,
+                Init::Norm,
+            ));
+        } else {
+            t.push(spec(
+                b("attn_qkv.weight"),
+                &[n_embd, key_dim * 2 + value_dim],
+                Quant::Q4K,
+                Init::Weight(WEIGHT_STD),
+            ));
+            t.push(spec(
+                b("attn_gate.weight"),
+                &[n_embd, value_dim],
+                Quant::Q4K,
+                Init::Weight(WEIGHT_STD),
+            ));
+            t.push(spec(
+                b("ssm_conv1d.weight"),
+                &[conv, key_dim * 2 + value_dim],
+                Quant::F32,
+                Init::Uniform(-0.5, 0.5),
+            ));
+            t.push(spec(
+                b("ssm_dt.bias"),
+                &[v_heads],
+                Quant::F32,
+                Init::Uniform(-0.5, 0.5),
+            ));
+            // A = -exp(A_log): negative, so that the recurrent state decays.
+            t.push(spec(
+                b("ssm_a"),
+                &[v_heads],
+                Quant::F32,
+                Init::Uniform(-16.0, -1.0),
+            ));
+            t.push(spec(
+                b("ssm_beta.weight"),
+                &[n_embd, v_heads],
+                Quant::Q8_0,
+                Init::Weight(WEIGHT_STD),
+            ));
+            t.push(spec(
+                b("ssm_alpha.weight"),
+                &[n_embd, v_heads],
+                Quant::Q8_0,
+                Init::Weight(WEIGHT_STD),
+            ));
+            t.push(spec(
+                b("ssm_norm.weight"),
+                &[head_k],
+                Quant::F32,
+                Init::Norm,
+            ));
+            t.push(spec(
+                b("ssm_out.weight"),
+                &[value_dim, n_embd],
+                Quant::Q4K,
+                Init::Weight(WEIGHT_STD),
+            ));
+        }
+        t.push(spec(
+            b("ffn_gate_inp.weight"),
+            &[n_embd, n_expert],
+            Quant::F32,
+            Init::Weight(WEIGHT_STD),
+        ));
+        for (name, dims, quant) in [
+            (
+                "ffn_gate_exps.weight",
+                [n_embd, n_ff_exp, n_expert],
+                Quant::Q4K,
+            ),
+            (
+                "ffn_up_exps.weight",
+                [n_embd, n_ff_exp, n_expert],
+                Quant::Q4K,
+            ),
+            (
+                "ffn_down_exps.weight",
+                [n_ff_exp, n_embd, n_expert],
+                Quant::Q6K,
+            ),
+        ] {
+            t.push(Spec {
+                expert: true,
+                ..spec(b(name), &dims, quant, Init::Weight(WEIGHT_STD))
+            });
+        }
+        t.push(spec(
+            b("ffn_gate_inp_shexp.weight"),
+            &[n_embd],
+            Quant::F32,
+            Init::Weight(WEIGHT_STD),
+        ));
+        t.push(spec(
+            b("ffn_gate_shexp.weight"),
+            &[n_embd, n_ff_shexp],
+            Quant::Q4K,
+            Init::Weight(WEIGHT_STD),
+        ));
+        t.push(spec(
+            b("ffn_up_shexp.weight"),
+            &[n_embd, n_ff_shexp],
+            Quant::Q4K,
+            Init::Weight(WEIGHT_STD),
+        ));
+        t.push(spec(
+            b("ffn_down_shexp.weight"),
+            &[n_ff_shexp, n_embd],
+            Quant::Q6K,
+            Init::Weight(WEIGHT_STD),
+        ));
+    }
+    Model {
+        arch: a,
+        kv,
+        tensors: t,
+        n_vocab,
+        n_expert,
+        n_expert_used: n_used,
+    }
+}
+
+/// Qwen3 (dense 0.6B shape) and Qwen3 MoE (30B-A3B shape).
+fn qwen3(moe: bool, n_layer: u64, n_expert: u64) -> Model {
+    let (a, n_embd, n_head, n_head_kv, n_ff, n_used) = if moe {
+        ("qwen3moe", 2048u64, 32u64, 4u64, 768u64, 8u64)
+    } else {
+        ("qwen3", 1024, 16, 8, 3072, 0)
+    };
+    let (head_dim, n_vocab) = (128u64, 151936u64);
+    let mut kv = vec![
+        (format!("{a}.context_length"), u32v(40960)),
+        (format!("{a}.embedding_length"), u32v(n_embd)),
+        (format!("{a}.block_count"), u32v(n_layer)),
+        (
+            format!("{a}.feed_forward_length"),
+            u32v(if moe { 6144 } else { n_ff }),
+        ),
+        (format!("{a}.attention.head_count"), u32v(n_head)),
+        (format!("{a}.attention.head_count_kv"), u32v(n_head_kv)),
+        (format!("{a}.attention.key_length"), u32v(head_dim)),
+        (format!("{a}.attention.value_length"), u32v(head_dim)),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        ),
+        (format!("{a}.rope.freq_base"), Value::F32(1e6)),
+    ];
+    if moe {
+        kv.push((format!("{a}.expert_feed_forward_length"), u32v(n_ff)));
+        kv.push((format!("{a}.expert_count"), u32v(n_expert)));
+        kv.push((format!("{a}.expert_used_count"), u32v(n_used)));
+    }
+    let mut t = vec![
+        spec(
+            "token_embd.weight".into(),
+            &[n_embd, n_vocab],
+            Quant::Q4K,
+            Init::Weight(WEIGHT_STD),
+        ),
+        spec(
+            "output_norm.weight".into(),
+            &[n_embd],
+            Quant::F32,
+            Init::Norm,
+        ),
+        spec(
+            "output.weight".into(),
+            &[n_embd, n_vocab],
+            Quant::Q6K,
+            Init::Weight(WEIGHT_STD),
+        ),
+    ];
+    for il in 0..n_layer {
+        let b = |n: &str| format!("blk.{il}.{n}");
+        t.push(spec(
+            b("attn_norm.weight"),
+            &[n_embd],
+            Quant::F32,
+            Init::Norm,
+        ));
+        t.push(spec(
+            b("attn_q.weight"),
+            &[n_embd, head_dim * n_head],
+            Quant::Q4K,
+            Init::Weight(WEIGHT_STD),
+        ));
+        t.push(spec(
+            b("attn_k.weight"),
+            &[n_embd, head_dim * n_head_kv],
+            Quant::Q4K,
+            Init::Weight(WEIGHT_STD),
+        ));
+        t.push(spec(
+            b("attn_v.weight"),
+            &[n_embd, head_dim * n_head_kv],
+            Quant::Q6K,
+            Init::Weight(WEIGHT_STD),
+        ));
+        t.push(spec(
+            b("attn_output.weight"),
+            &[head_dim * n_head, n_embd],
+            Quant::Q4K,
+            Init::Weight(WEIGHT_STD),
+        ));
+        t.push(spec(
+            b("attn_q_norm.weight"),
+            &[head_dim],
+            Quant::F32,
+            Init::Norm,
+        ));
+        t.push(spec(
+            b("attn_k_norm.weight"),
+            &[head_dim],
+            Quant::F32,
+            Init::Norm,
+        ));
+        t.push(spec(
+            b("ffn_norm.weight"),
+            &[n_embd],
+            Quant::F32,
+            Init::Norm,
+        ));
+        if moe {
+            t.push(spec(
+                b("ffn_gate_inp.weight"),
+                &[n_embd, n_expert],
+                Quant::F32,
+                Init::Weight(WEIGHT_STD),
+            ));
+            for (name, dims, quant) in [
+                ("ffn_gate_exps.weight", [n_embd, n_ff, n_expert], Quant::Q4K),
+                ("ffn_up_exps.weight", [n_embd, n_ff, n_expert], Quant::Q4K),
+                ("ffn_down_exps.weight", [n_ff, n_embd, n_expert], Quant::Q6K),
+            ] {
+                t.push(Spec {
+                    expert: true,
+                    ..spec(b(name), &dims, quant, Init::Weight(WEIGHT_STD))
+                });
+            }
+        } else {
+            t.push(spec(
+                b("ffn_gate.weight"),
+                &[n_embd, n_ff],
+                Quant::Q4K,
+                Init::Weight(WEIGHT_STD),
+            ));
+            t.push(spec(
+                b("ffn_up.weight"),
+                &[n_embd, n_ff],
+                Quant::Q4K,
+                Init::Weight(WEIGHT_STD),
+            ));
+            t.push(spec(
+                b("ffn_down.weight"),
+                &[n_ff, n_embd],
+                Quant::Q6K,
+                Init::Weight(WEIGHT_STD),
+            ));
+        }
+    }
+    Model {
+        arch: a,
+        kv,
+        tensors: t,
+        n_vocab,
+        n_expert,
+        n_expert_used: n_used,
+    }
+}
+
+// ---- random data ----
+
+/// SplitMix64: small, fast, and the same sequence on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64, name: &str) -> Rng {
+        // FNV-1a of the tensor name: each tensor its own stream, independent of order.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name.bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        Rng(seed ^ h)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn fill(&mut self, out: &mut [u8]) {
+        for chunk in out.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// IEEE half from f32 (round to nearest even), for the block scales.
+fn f16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let abs = bits & 0x7fff_ffff;
+    if abs >= 0x4780_0000 {
+        return sign | 0x7c00; // >= 65536: infinity
+    }
+    if abs < 0x3880_0000 {
+        // Below 2^-14: a subnormal half, in units of 2^-24.
+        return sign | (f32::from_bits(abs) * 16_777_216.0).round() as u16;
+    }
+    let exp = (abs >> 23) + 15 - 127;
+    let mant = abs & 0x7f_ffff;
+    let mut half = (exp << 10) | (mant >> 13);
+    let rest = mant & 0x1fff;
+    if rest > 0x1000 || (rest == 0x1000 && half & 1 == 1) {
+        half += 1;
+    }
+    sign | half as u16
+}
+
+/// One block's bytes for a zero-mean weight of standard deviation `std`.
+fn weight_block(quant: Quant, std: f32, rng: &mut Rng, out: &mut [u8]) {
+    match quant {
+        Quant::Q8_0 => {
+            // y = d * q, q uniform in [-128, 127]: std of q is 73.9.
+            out[..2].copy_from_slice(&f16_bits(std / 73.9).to_le_bytes());
+            rng.fill(&mut out[2..34]);
+        }
+        Quant::Q4K => {
+            // y = d * sc * q - dmin * m with q uniform in [0, 15] (mean 7.5, std 4.61) and every
+            // sub-block scale and min 15: zero mean when dmin = 7.5 d.
+            let d = std / (15.0 * 4.61);
+            out[..2].copy_from_slice(&f16_bits(d).to_le_bytes());
+            out[2..4].copy_from_slice(&f16_bits(7.5 * d).to_le_bytes());
+            // 6-bit scales and mins packed as ggml's get_scale_min_k4 reads them (all < 16).
+            out[4..8].fill(15);
+            out[8..12].fill(15);
+            out[12..16].fill(15 | (15 << 4));
+            rng.fill(&mut out[16..144]);
+        }
+        Quant::Q6K => {
+            // y = d * scale * (q - 32), q uniform in [0, 63] (std 18.47), every scale 8.
+            rng.fill(&mut out[..192]);
+            out[192..208].fill(8);
+            out[208..210].copy_from_slice(&f16_bits(std / (8.0 * 18.47)).to_le_bytes());
+        }
+        Quant::F32 => unreachable!("F32 tensors are written value by value"),
+    }
+}
+
+/// Streams one tensor's bytes to `w`.
+fn write_tensor(w: &mut impl Write, t: &Spec, seed: u64) -> Result<()> {
+    let mut rng = Rng::new(seed, &t.name);
+    let (per, block_bytes) = t.quant.block();
+    let blocks = t.elements() / per;
+    const CHUNK_BLOCKS: u64 = 4096;
+    let mut buf = vec![0u8; (CHUNK_BLOCKS * block_bytes) as usize];
+    let mut done = 0;
+    while done < blocks {
+        let n = CHUNK_BLOCKS.min(blocks - done);
+        let chunk = &mut buf[..(n * block_bytes) as usize];
+        match (t.quant, t.init) {
+            (Quant::F32, init) => {
+                for v in chunk.chunks_mut(4) {
+                    let x = match init {
+                        // Sum of 4 uniforms: close enough to normal for weights.
+                        Init::Weight(std) => {
+                            let s: f32 = (0..4).map(|_| rng.unit()).sum();
+                            (s - 2.0) * std * 1.732
+                        }
+                        Init::Norm => 1.0 + 0.1 * (rng.unit() - 0.5),
+                        Init::Uniform(lo, hi) => lo + (hi - lo) * rng.unit(),
+                    };
+                    v.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+            (quant, Init::Weight(std)) => {
+                for block in chunk.chunks_mut(block_bytes as usize) {
+                    weight_block(quant, std, &mut rng, block);
+                }
+            }
+            (quant, init) => bail!("{}: {init:?} values cannot be written as {quant:?}", t.name),
+        }
+        w.write_all(chunk)?;
+        done += n;
+    }
+    let padding = gguf::align(t.bytes(), gguf::DEFAULT_ALIGNMENT) - t.bytes();
+    w.write_all(&vec![0u8; padding as usize])?;
+    Ok(())
+}
+
+/// The tokenizer metadata of a host vocabulary file, padded to `n_vocab` tokens.
+fn tokenizer_kv(vocab_file: &Path, n_vocab: u64) -> Result<Vec<(String, Value)>> {
+    let header = gguf::read_header(vocab_file)?;
+    let mut kv: Vec<(String, Value)> = header
+        .kv
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .collect();
+    for (key, value) in kv.iter_mut() {
+        let Value::Array(elem, items) = value else {
+            continue;
+        };
+        let pad = |i: usize| match key.as_str() {
+            "tokenizer.ggml.tokens" => Some(Value::String(format!("<|synth_pad_{i}|>"))),
+            // 3 = control: never produced by the tokenizer from text.
+            "tokenizer.ggml.token_type" => Some(Value::I32(3)),
+            "tokenizer.ggml.scores" => Some(Value::F32(0.0)),
+            _ => None,
+        };
+        if pad(0).is_none() {
+            continue;
+        }
+        if items.len() as u64 > n_vocab {
+            bail!(
+                "{} has {} tokens, more than the preset's {n_vocab}",
+                vocab_file.display(),
+                items.len()
+            );
+        }
+        let start = items.len();
+        items.extend((start..n_vocab as usize).map(|i| pad(i).expect("checked above")));
+        debug_assert!(items.iter().all(|v| v.value_type() == *elem));
+    }
+    if !kv.iter().any(|(k, _)| k == "tokenizer.ggml.tokens") {
+        bail!("{} has no tokenizer.ggml.tokens", vocab_file.display());
+    }
+    Ok(kv)
+}
+
+/// Writes `model` to `out` (through a temporary file: a stopped run leaves no partial model).
+fn write_model(
+    model: &Model,
+    tokenizer: Vec<(String, Value)>,
+    seed: u64,
+    name: &str,
+    out: &Path,
+) -> Result<()> {
+    let mut kv = vec![
+        (
+            "general.architecture".to_owned(),
+            Value::String(model.arch.to_owned()),
+        ),
+        ("general.name".to_owned(), Value::String(name.to_owned())),
+        ("general.file_type".to_owned(), Value::U32(15)), // Q4_K_M
+    ];
+    kv.extend(model.kv.iter().cloned());
+    kv.extend(tokenizer);
+    let mut tensors: Vec<TensorInfo> = model
+        .tensors
+        .iter()
+        .map(|t| TensorInfo {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ggml_type: t.quant.ggml_type(),
+            offset: 0,
+        })
+        .collect();
+    let sizes: Vec<u64> = model.tensors.iter().map(Spec::bytes).collect();
+    gguf::layout(&mut tensors, &sizes);
+    let header = Header { kv, tensors };
+
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let partial = out.with_extension("gguf.partial");
+    let file = std::fs::File::create(&partial)
+        .with_context(|| format!("creating {}", partial.display()))?;
+    let mut w = BufWriter::with_capacity(8 << 20, file);
+    gguf::write_header(&mut w, &header)?;
+    let total = model.file_bytes();
+    let mut written = 0u64;
+    let mut last_report = 0u64;
+    for t in &model.tensors {
+        write_tensor(&mut w, t, seed).with_context(|| format!("writing {}", partial.display()))?;
+        written += t.bytes();
+        if written - last_report > (2 << 30) || written == total {
+            note(format!(
+                "{:.1} / {:.1} GiB",
+                written as f64 / (1u64 << 30) as f64,
+                total as f64 / (1u64 << 30) as f64
+            ));
+            last_report = written;
+        }
+    }
+    w.flush()?;
+    drop(w);
+    std::fs::rename(&partial, out).with_context(|| format!("moving into {}", out.display()))?;
+    Ok(())
+}
+
+fn preset_name(preset: Preset) -> String {
+    preset
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
+}
+
+pub fn run(sh: &Shell, project: &Project, args: SynthArgs) -> Result<()> {
+    let model = Model::build(args.preset, args.layers, args.experts)?;
+    let name = preset_name(args.preset);
+    let variant = match (args.layers, args.experts) {
+        (None, None) => String::new(),
+        (l, e) => format!(
+            "{}{}",
+            l.map(|l| format!("-l{l}")).unwrap_or_default(),
+            e.map(|e| format!("-e{e}")).unwrap_or_default()
+        ),
+    };
+    let out = args.out.clone().unwrap_or_else(|| {
+        project
+            .work()
+            .join("models")
+            .join(format!("{name}{variant}-s{}.gguf", args.seed))
+    });
+
+    // The real Qwen tokenizer, from the pinned host tree.
+    let llama = project.host("llama.cpp")?;
+    host::ensure_pristine(sh, project, &llama, None)?;
+    let vocab_name = if model.arch == "qwen35moe" {
+        "ggml-vocab-qwen35.gguf"
+    } else {
+        "ggml-vocab-qwen2.gguf"
+    };
+    let vocab = project
+        .pristine_dir("llama.cpp")
+        .join("models")
+        .join(vocab_name);
+    let tokenizer = tokenizer_kv(&vocab, model.n_vocab)?;
+
+    step(format!(
+        "writing {} ({} tensors, {:.2} GiB, seed {}) to {}",
+        name,
+        model.tensors.len(),
+        model.file_bytes() as f64 / (1u64 << 30) as f64,
+        args.seed,
+        out.display()
+    ));
+    write_model(
+        &model,
+        tokenizer,
+        args.seed,
+        &format!("{name}{variant} (random weights, seed {})", args.seed),
+        &out,
+    )?;
+    println!("{}", out.display());
+    println!(
+        "bytes read per decoded token: {:.3} GB",
+        model.bytes_per_token() / 1e9
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_tokenizer(dir: &Path, n: usize) -> PathBuf {
+        let path = dir.join("vocab.gguf");
+        let header = Header {
+            kv: vec![
+                ("general.architecture".into(), Value::String("qwen2".into())),
+                ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+                (
+                    "tokenizer.ggml.tokens".into(),
+                    Value::strings((0..n).map(|i| format!("t{i}"))),
+                ),
+                (
+                    "tokenizer.ggml.token_type".into(),
+                    Value::Array(ValueType::I32, vec![Value::I32(1); n]),
+                ),
+                (
+                    "tokenizer.ggml.merges".into(),
+                    Value::strings(["t 0".to_owned()]),
+                ),
+            ],
+            tensors: vec![],
+        };
+        let mut bytes = Vec::new();
+        gguf::write_header(&mut bytes, &header).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn preset_shapes_and_bytes_per_token() {
+        let m = Model::build(Preset::Qwen36_35bA3b, None, None).unwrap();
+        assert_eq!(
+            m.tensors
+                .iter()
+                .filter(|t| t.name.ends_with("ssm_a"))
+                .count(),
+            30
+        );
+        assert_eq!(
+            m.tensors
+                .iter()
+                .filter(|t| t.name.ends_with("attn_q.weight"))
+                .count(),
+            10
+        );
+        let gib = m.file_bytes() as f64 / (1u64 << 30) as f64;
+        assert!((19.0..22.0).contains(&gib), "{gib} GiB");
+        let per_token = m.bytes_per_token() / 1e9;
+        assert!((1.0..2.5).contains(&per_token), "{per_token} GB per token");
+        for t in &m.tensors {
+            let (per, _) = t.quant.block();
+            assert_eq!(t.dims[0] % per, 0, "{} rows are not whole blocks", t.name);
+        }
+        assert!(Model::build(Preset::Qwen36_35bA3b, Some(2), Some(4)).is_err());
+        assert!(Model::build(Preset::Qwen3_0_6b, None, Some(8)).is_err());
+    }
+
+    #[test]
+    fn writes_a_readable_gguf_the_same_for_the_same_seed() {
+        let dir = tempfile::tempdir().unwrap();
+        let vocab = tiny_tokenizer(dir.path(), 10);
+        let model = Model::build(Preset::Qwen3_0_6b, Some(1), None).unwrap();
+        let write = |seed: u64, name: &str| {
+            let out = dir.path().join(name);
+            let tok = tokenizer_kv(&vocab, model.n_vocab).unwrap();
+            write_model(&model, tok, seed, "t", &out).unwrap();
+            out
+        };
+        let a = write(7, "a.gguf");
+        let b = write(7, "b.gguf");
+        let c = write(8, "c.gguf");
+        let bytes = |p: &Path| std::fs::read(p).unwrap();
+        assert_eq!(bytes(&a), bytes(&b));
+        assert_ne!(bytes(&a), bytes(&c));
+
+        let header = gguf::read_header(&a).unwrap();
+        assert_eq!(
+            header.get("general.architecture"),
+            Some(&Value::String("qwen3".into()))
+        );
+        assert_eq!(header.get("qwen3.block_count"), Some(&Value::U32(1)));
+        let Some(Value::Array(_, tokens)) = header.get("tokenizer.ggml.tokens") else {
+            panic!("no tokens")
+        };
+        assert_eq!(tokens.len() as u64, model.n_vocab);
+        assert_eq!(tokens[3], Value::String("t3".into()));
+        assert_eq!(tokens[10], Value::String("<|synth_pad_10|>".into()));
+        assert_eq!(header.tensors.len(), model.tensors.len());
+        let last = header.tensors.last().unwrap();
+        let data_start = bytes(&a).len() as u64
+            - gguf::align(model.tensors.last().unwrap().bytes(), 32)
+            - last.offset;
+        assert_eq!(data_start % 32, 0);
+        assert!(!dir.path().join("a.gguf.partial").exists());
+    }
+
+    #[test]
+    fn q4k_blocks_have_the_intended_spread() {
+        let mut rng = Rng::new(1, "t");
+        let mut block = [0u8; 144];
+        let (mut sum, mut sum2, mut n) = (0.0f64, 0.0f64, 0.0f64);
+        for _ in 0..64 {
+            weight_block(Quant::Q4K, 0.02, &mut rng, &mut block);
+            let d = half_to_f32(u16::from_le_bytes([block[0], block[1]]));
+            let dmin = half_to_f32(u16::from_le_bytes([block[2], block[3]]));
+            for &byte in &block[16..] {
+                for q in [byte & 15, byte >> 4] {
+                    let y = (d * 15.0 * q as f32 - dmin * 15.0) as f64;
+                    sum += y;
+                    sum2 += y * y;
+                    n += 1.0;
+                }
+            }
+        }
+        let mean = sum / n;
+        let std = (sum2 / n - mean * mean).sqrt();
+        assert!(mean.abs() < 0.002, "mean {mean}");
+        assert!((0.017..0.023).contains(&std), "std {std}");
+    }
+
+    fn half_to_f32(h: u16) -> f32 {
+        let exp = ((h >> 10) & 0x1f) as i32;
+        let mant = (h & 0x3ff) as f32;
+        let v = if exp == 0 {
+            mant / 1024.0 * 2f32.powi(-14)
+        } else {
+            (1.0 + mant / 1024.0) * 2f32.powi(exp - 15)
+        };
+        if h & 0x8000 != 0 {
+            -v
+        } else {
+            v
+        }
+    }
+
+    #[test]
+    fn half_conversion_rounds_to_nearest() {
+        for x in [1.0f32, 0.5, 2.89e-4, 6.77e-5, 1e-7, 65504.0, 0.1] {
+            let back = half_to_f32(f16_bits(x));
+            let tol = if x < 6.1e-5 { 6e-8 } else { x * 1e-3 };
+            assert!((back - x).abs() <= tol, "{x} -> {back}");
+        }
+    }
+}
