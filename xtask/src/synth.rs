@@ -184,15 +184,96 @@ impl Model {
     }
 }
 
+fn weight(name: String, dims: &[u64], quant: Quant) -> Spec {
+    spec(name, dims, quant, Init::Weight(WEIGHT_STD))
+}
+
+fn norm(name: String, n: u64) -> Spec {
+    spec(name, &[n], Quant::F32, Init::Norm)
+}
+
+/// token_embd, output_norm, output: the same for every preset.
+fn embeddings_and_head(n_embd: u64, n_vocab: u64) -> Vec<Spec> {
+    vec![
+        weight("token_embd.weight".into(), &[n_embd, n_vocab], Quant::Q4K),
+        norm("output_norm.weight".into(), n_embd),
+        weight("output.weight".into(), &[n_embd, n_vocab], Quant::Q6K),
+    ]
+}
+
+/// Full attention with q/k norms. `q_gated`: Q carries a gate half (qwen35moe).
+struct Attention {
+    n_head: u64,
+    n_head_kv: u64,
+    head_dim: u64,
+    q_gated: bool,
+}
+
+impl Attention {
+    fn push(&self, t: &mut Vec<Spec>, il: u64, n_embd: u64) {
+        let b = |n: &str| format!("blk.{il}.{n}");
+        let q_rows = self.head_dim * self.n_head * if self.q_gated { 2 } else { 1 };
+        let kv_rows = self.head_dim * self.n_head_kv;
+        t.push(weight(b("attn_q.weight"), &[n_embd, q_rows], Quant::Q4K));
+        t.push(weight(b("attn_k.weight"), &[n_embd, kv_rows], Quant::Q4K));
+        t.push(weight(b("attn_v.weight"), &[n_embd, kv_rows], Quant::Q6K));
+        t.push(weight(
+            b("attn_output.weight"),
+            &[self.head_dim * self.n_head, n_embd],
+            Quant::Q4K,
+        ));
+        t.push(norm(b("attn_q_norm.weight"), self.head_dim));
+        t.push(norm(b("attn_k_norm.weight"), self.head_dim));
+    }
+
+    fn kv(&self, a: &str) -> Vec<(String, Value)> {
+        vec![
+            (format!("{a}.attention.head_count"), u32v(self.n_head)),
+            (format!("{a}.attention.head_count_kv"), u32v(self.n_head_kv)),
+            (format!("{a}.attention.key_length"), u32v(self.head_dim)),
+            (format!("{a}.attention.value_length"), u32v(self.head_dim)),
+            (
+                format!("{a}.attention.layer_norm_rms_epsilon"),
+                Value::F32(1e-6),
+            ),
+        ]
+    }
+}
+
+/// The router and the routed experts of one layer (gate and up Q4_K, down Q6_K).
+fn push_experts(t: &mut Vec<Spec>, il: u64, n_embd: u64, n_ff: u64, n_expert: u64) {
+    let b = |n: &str| format!("blk.{il}.{n}");
+    t.push(weight(
+        b("ffn_gate_inp.weight"),
+        &[n_embd, n_expert],
+        Quant::F32,
+    ));
+    for (name, dims, quant) in [
+        ("ffn_gate_exps.weight", [n_embd, n_ff, n_expert], Quant::Q4K),
+        ("ffn_up_exps.weight", [n_embd, n_ff, n_expert], Quant::Q4K),
+        ("ffn_down_exps.weight", [n_ff, n_embd, n_expert], Quant::Q6K),
+    ] {
+        t.push(Spec {
+            expert: true,
+            ..weight(b(name), &dims, quant)
+        });
+    }
+}
+
 /// Qwen3.5/3.6 MoE (qwen35moe): every 4th layer full attention, the others Gated DeltaNet.
 fn qwen35moe(n_layer: u64, n_expert: u64) -> Model {
     let (n_embd, n_vocab, n_ff_exp, n_ff_shexp, n_used) =
         (2048u64, 248320u64, 512u64, 512u64, 8u64);
-    let (n_head, n_head_kv, head_dim) = (16u64, 2u64, 256u64);
+    let attn = Attention {
+        n_head: 16,
+        n_head_kv: 2,
+        head_dim: 256,
+        q_gated: true,
+    };
     let (k_heads, v_heads, head_k, conv) = (16u64, 32u64, 128u64, 4u64);
     let (key_dim, value_dim) = (head_k * k_heads, head_k * v_heads);
     let a = "qwen35moe";
-    let kv = vec![
+    let mut kv = vec![
         (format!("{a}.context_length"), u32v(262144)),
         (format!("{a}.embedding_length"), u32v(n_embd)),
         (format!("{a}.block_count"), u32v(n_layer)),
@@ -204,14 +285,6 @@ fn qwen35moe(n_layer: u64, n_expert: u64) -> Model {
         ),
         (format!("{a}.expert_count"), u32v(n_expert)),
         (format!("{a}.expert_used_count"), u32v(n_used)),
-        (format!("{a}.attention.head_count"), u32v(n_head)),
-        (format!("{a}.attention.head_count_kv"), u32v(n_head_kv)),
-        (format!("{a}.attention.key_length"), u32v(head_dim)),
-        (format!("{a}.attention.value_length"), u32v(head_dim)),
-        (
-            format!("{a}.attention.layer_norm_rms_epsilon"),
-            Value::F32(1e-6),
-        ),
         (format!("{a}.rope.dimension_count"), u32v(64)),
         (
             format!("{a}.rope.dimension_sections"),
@@ -225,93 +298,29 @@ fn qwen35moe(n_layer: u64, n_expert: u64) -> Model {
         (format!("{a}.ssm.time_step_rank"), u32v(v_heads)),
         (format!("{a}.ssm.inner_size"), u32v(value_dim)),
     ];
-    let mut t = vec![
-        spec(
-            "token_embd.weight".into(),
-            &[n_embd, n_vocab],
-            Quant::Q4K,
-            Init::Weight(WEIGHT_STD),
-        ),
-        spec(
-            "output_norm.weight".into(),
-            &[n_embd],
-            Quant::F32,
-            Init::Norm,
-        ),
-        spec(
-            "output.weight".into(),
-            &[n_embd, n_vocab],
-            Quant::Q6K,
-            Init::Weight(WEIGHT_STD),
-        ),
-    ];
+    kv.extend(attn.kv(a));
+    let mut t = embeddings_and_head(n_embd, n_vocab);
     for il in 0..n_layer {
         let b = |n: &str| format!("blk.{il}.{n}");
-        t.push(spec(
-            b("attn_norm.weight"),
-            &[n_embd],
-            Quant::F32,
-            Init::Norm,
-        ));
-        t.push(spec(
-            b("post_attention_norm.weight"),
-            &[n_embd],
-            Quant::F32,
-            Init::Norm,
-        ));
+        t.push(norm(b("attn_norm.weight"), n_embd));
+        t.push(norm(b("post_attention_norm.weight"), n_embd));
         if (il + 1) % 4 == 0 {
-            t.push(spec(
-                b("attn_q.weight"),
-                &[n_embd, head_dim * n_head * 2],
-                Quant::Q4K,
-                Init::Weight(WEIGHT_STD),
-            ));
-            t.push(spec(
-                b("attn_k.weight"),
-                &[n_embd, head_dim * n_head_kv],
-                Quant::Q4K,
-                Init::Weight(WEIGHT_STD),
-            ));
-            t.push(spec(
-                b("attn_v.weight"),
-                &[n_embd, head_dim * n_head_kv],
-                Quant::Q6K,
-                Init::Weight(WEIGHT_STD),
-            ));
-            t.push(spec(
-                b("attn_output.weight"),
-                &[head_dim * n_head, n_embd],
-                Quant::Q4K,
-                Init::Weight(WEIGHT_STD),
-            ));
-            t.push(spec(
-                b("attn_q_norm.weight"),
-                &[head_dim],
-                Quant::F32,
-                Init::Norm,
-            ));
-            t.push(spec(
-                b("attn_k_norm.weight"),
-                &[head_dim],
-                Quant::F32,
-                Init::Norm,
-            ));
+            attn.push(&mut t, il, n_embd);
         } else {
-            t.push(spec(
+            let conv_dim = key_dim * 2 + value_dim;
+            t.push(weight(
                 b("attn_qkv.weight"),
-                &[n_embd, key_dim * 2 + value_dim],
+                &[n_embd, conv_dim],
                 Quant::Q4K,
-                Init::Weight(WEIGHT_STD),
             ));
-            t.push(spec(
+            t.push(weight(
                 b("attn_gate.weight"),
                 &[n_embd, value_dim],
                 Quant::Q4K,
-                Init::Weight(WEIGHT_STD),
             ));
             t.push(spec(
                 b("ssm_conv1d.weight"),
-                &[conv, key_dim * 2 + value_dim],
+                &[conv, conv_dim],
                 Quant::F32,
                 Init::Uniform(-0.5, 0.5),
             ));
@@ -328,82 +337,43 @@ fn qwen35moe(n_layer: u64, n_expert: u64) -> Model {
                 Quant::F32,
                 Init::Uniform(-16.0, -1.0),
             ));
-            t.push(spec(
+            t.push(weight(
                 b("ssm_beta.weight"),
                 &[n_embd, v_heads],
                 Quant::Q8_0,
-                Init::Weight(WEIGHT_STD),
             ));
-            t.push(spec(
+            t.push(weight(
                 b("ssm_alpha.weight"),
                 &[n_embd, v_heads],
                 Quant::Q8_0,
-                Init::Weight(WEIGHT_STD),
             ));
-            t.push(spec(
-                b("ssm_norm.weight"),
-                &[head_k],
-                Quant::F32,
-                Init::Norm,
-            ));
-            t.push(spec(
+            t.push(norm(b("ssm_norm.weight"), head_k));
+            t.push(weight(
                 b("ssm_out.weight"),
                 &[value_dim, n_embd],
                 Quant::Q4K,
-                Init::Weight(WEIGHT_STD),
             ));
         }
-        t.push(spec(
-            b("ffn_gate_inp.weight"),
-            &[n_embd, n_expert],
-            Quant::F32,
-            Init::Weight(WEIGHT_STD),
-        ));
-        for (name, dims, quant) in [
-            (
-                "ffn_gate_exps.weight",
-                [n_embd, n_ff_exp, n_expert],
-                Quant::Q4K,
-            ),
-            (
-                "ffn_up_exps.weight",
-                [n_embd, n_ff_exp, n_expert],
-                Quant::Q4K,
-            ),
-            (
-                "ffn_down_exps.weight",
-                [n_ff_exp, n_embd, n_expert],
-                Quant::Q6K,
-            ),
-        ] {
-            t.push(Spec {
-                expert: true,
-                ..spec(b(name), &dims, quant, Init::Weight(WEIGHT_STD))
-            });
-        }
-        t.push(spec(
+        push_experts(&mut t, il, n_embd, n_ff_exp, n_expert);
+        t.push(weight(
             b("ffn_gate_inp_shexp.weight"),
             &[n_embd],
             Quant::F32,
-            Init::Weight(WEIGHT_STD),
         ));
-        t.push(spec(
+        t.push(weight(
             b("ffn_gate_shexp.weight"),
             &[n_embd, n_ff_shexp],
             Quant::Q4K,
-            Init::Weight(WEIGHT_STD),
         ));
-        t.push(spec(
+        t.push(weight(
             b("ffn_up_shexp.weight"),
             &[n_embd, n_ff_shexp],
             Quant::Q4K,
-            Init::Weight(WEIGHT_STD),
         ));
-        t.push(spec(
+        t.push(weight(
             b("ffn_down_shexp.weight"),
             &[n_ff_shexp, n_embd],
             Quant::Q6K,
-            Init::Weight(WEIGHT_STD),
         ));
     }
     Model {
@@ -418,12 +388,27 @@ fn qwen35moe(n_layer: u64, n_expert: u64) -> Model {
 
 /// Qwen3 (dense 0.6B shape) and Qwen3 MoE (30B-A3B shape).
 fn qwen3(moe: bool, n_layer: u64, n_expert: u64) -> Model {
-    let (a, n_embd, n_head, n_head_kv, n_ff, n_used) = if moe {
-        ("qwen3moe", 2048u64, 32u64, 4u64, 768u64, 8u64)
+    let (a, n_embd, n_ff, n_used) = if moe {
+        ("qwen3moe", 2048u64, 768u64, 8u64)
     } else {
-        ("qwen3", 1024, 16, 8, 3072, 0)
+        ("qwen3", 1024, 3072, 0)
     };
-    let (head_dim, n_vocab) = (128u64, 151936u64);
+    let attn = if moe {
+        Attention {
+            n_head: 32,
+            n_head_kv: 4,
+            head_dim: 128,
+            q_gated: false,
+        }
+    } else {
+        Attention {
+            n_head: 16,
+            n_head_kv: 8,
+            head_dim: 128,
+            q_gated: false,
+        }
+    };
+    let n_vocab = 151936u64;
     let mut kv = vec![
         (format!("{a}.context_length"), u32v(40960)),
         (format!("{a}.embedding_length"), u32v(n_embd)),
@@ -432,127 +417,26 @@ fn qwen3(moe: bool, n_layer: u64, n_expert: u64) -> Model {
             format!("{a}.feed_forward_length"),
             u32v(if moe { 6144 } else { n_ff }),
         ),
-        (format!("{a}.attention.head_count"), u32v(n_head)),
-        (format!("{a}.attention.head_count_kv"), u32v(n_head_kv)),
-        (format!("{a}.attention.key_length"), u32v(head_dim)),
-        (format!("{a}.attention.value_length"), u32v(head_dim)),
-        (
-            format!("{a}.attention.layer_norm_rms_epsilon"),
-            Value::F32(1e-6),
-        ),
         (format!("{a}.rope.freq_base"), Value::F32(1e6)),
     ];
+    kv.extend(attn.kv(a));
     if moe {
         kv.push((format!("{a}.expert_feed_forward_length"), u32v(n_ff)));
         kv.push((format!("{a}.expert_count"), u32v(n_expert)));
         kv.push((format!("{a}.expert_used_count"), u32v(n_used)));
     }
-    let mut t = vec![
-        spec(
-            "token_embd.weight".into(),
-            &[n_embd, n_vocab],
-            Quant::Q4K,
-            Init::Weight(WEIGHT_STD),
-        ),
-        spec(
-            "output_norm.weight".into(),
-            &[n_embd],
-            Quant::F32,
-            Init::Norm,
-        ),
-        spec(
-            "output.weight".into(),
-            &[n_embd, n_vocab],
-            Quant::Q6K,
-            Init::Weight(WEIGHT_STD),
-        ),
-    ];
+    let mut t = embeddings_and_head(n_embd, n_vocab);
     for il in 0..n_layer {
         let b = |n: &str| format!("blk.{il}.{n}");
-        t.push(spec(
-            b("attn_norm.weight"),
-            &[n_embd],
-            Quant::F32,
-            Init::Norm,
-        ));
-        t.push(spec(
-            b("attn_q.weight"),
-            &[n_embd, head_dim * n_head],
-            Quant::Q4K,
-            Init::Weight(WEIGHT_STD),
-        ));
-        t.push(spec(
-            b("attn_k.weight"),
-            &[n_embd, head_dim * n_head_kv],
-            Quant::Q4K,
-            Init::Weight(WEIGHT_STD),
-        ));
-        t.push(spec(
-            b("attn_v.weight"),
-            &[n_embd, head_dim * n_head_kv],
-            Quant::Q6K,
-            Init::Weight(WEIGHT_STD),
-        ));
-        t.push(spec(
-            b("attn_output.weight"),
-            &[head_dim * n_head, n_embd],
-            Quant::Q4K,
-            Init::Weight(WEIGHT_STD),
-        ));
-        t.push(spec(
-            b("attn_q_norm.weight"),
-            &[head_dim],
-            Quant::F32,
-            Init::Norm,
-        ));
-        t.push(spec(
-            b("attn_k_norm.weight"),
-            &[head_dim],
-            Quant::F32,
-            Init::Norm,
-        ));
-        t.push(spec(
-            b("ffn_norm.weight"),
-            &[n_embd],
-            Quant::F32,
-            Init::Norm,
-        ));
+        t.push(norm(b("attn_norm.weight"), n_embd));
+        attn.push(&mut t, il, n_embd);
+        t.push(norm(b("ffn_norm.weight"), n_embd));
         if moe {
-            t.push(spec(
-                b("ffn_gate_inp.weight"),
-                &[n_embd, n_expert],
-                Quant::F32,
-                Init::Weight(WEIGHT_STD),
-            ));
-            for (name, dims, quant) in [
-                ("ffn_gate_exps.weight", [n_embd, n_ff, n_expert], Quant::Q4K),
-                ("ffn_up_exps.weight", [n_embd, n_ff, n_expert], Quant::Q4K),
-                ("ffn_down_exps.weight", [n_ff, n_embd, n_expert], Quant::Q6K),
-            ] {
-                t.push(Spec {
-                    expert: true,
-                    ..spec(b(name), &dims, quant, Init::Weight(WEIGHT_STD))
-                });
-            }
+            push_experts(&mut t, il, n_embd, n_ff, n_expert);
         } else {
-            t.push(spec(
-                b("ffn_gate.weight"),
-                &[n_embd, n_ff],
-                Quant::Q4K,
-                Init::Weight(WEIGHT_STD),
-            ));
-            t.push(spec(
-                b("ffn_up.weight"),
-                &[n_embd, n_ff],
-                Quant::Q4K,
-                Init::Weight(WEIGHT_STD),
-            ));
-            t.push(spec(
-                b("ffn_down.weight"),
-                &[n_ff, n_embd],
-                Quant::Q6K,
-                Init::Weight(WEIGHT_STD),
-            ));
+            t.push(weight(b("ffn_gate.weight"), &[n_embd, n_ff], Quant::Q4K));
+            t.push(weight(b("ffn_up.weight"), &[n_embd, n_ff], Quant::Q4K));
+            t.push(weight(b("ffn_down.weight"), &[n_ff, n_embd], Quant::Q6K));
         }
     }
     Model {
