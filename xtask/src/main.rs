@@ -3,6 +3,7 @@
 //! It pins a host (llama.cpp), applies the patch series, mounts the overlay, builds through CMake
 //! and runs the CI matrix, the same way on a laptop, a GPU box and in CI.
 
+mod bench;
 mod build;
 mod ci;
 mod config;
@@ -59,6 +60,8 @@ enum Command {
     TestBackendOps(test_backend_ops::TestBackendOpsArgs),
     /// Write a random-weight GGUF at a real model's shape (Q4_K_M-like, seeded, streamed).
     Synth(synth::SynthArgs),
+    /// Stock vs overlay in one binary on one GGUF (A/B/A), with ratio and share of the bandwidth floor.
+    Bench(bench::BenchArgs),
     /// Summarise a GGML_FLASHRT_DUMP file: window coverage and the ops no window covers.
     Coverage(coverage::CoverageArgs),
     /// Run the CI matrix cells this machine can run.
@@ -88,6 +91,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Doctor => doctor::run(&sh, &project),
         Command::TestBackendOps(args) => test_backend_ops::run(&sh, &project, args),
         Command::Synth(args) => synth::run(&sh, &project, args),
+        Command::Bench(args) => bench::run(&sh, &project, args),
         Command::Coverage(args) => coverage::run(args),
         Command::Ci(args) => ci::run(&sh, &project, args),
     }

@@ -614,14 +614,8 @@ fn tokenizer_kv(vocab_file: &Path, n_vocab: u64) -> Result<Vec<(String, Value)>>
     Ok(kv)
 }
 
-/// Writes `model` to `out` (through a temporary file: a stopped run leaves no partial model).
-fn write_model(
-    model: &Model,
-    tokenizer: Vec<(String, Value)>,
-    seed: u64,
-    name: &str,
-    out: &Path,
-) -> Result<()> {
+/// The GGUF header of `model`: metadata, tokenizer, tensor infos with aligned offsets.
+fn header(model: &Model, tokenizer: Vec<(String, Value)>, name: &str) -> Header {
     let mut kv = vec![
         (
             "general.architecture".to_owned(),
@@ -644,7 +638,27 @@ fn write_model(
         .collect();
     let sizes: Vec<u64> = model.tensors.iter().map(Spec::bytes).collect();
     gguf::layout(&mut tensors, &sizes);
-    let header = Header { kv, tensors };
+    Header { kv, tensors }
+}
+
+/// Only the header (no tensor data): enough for tools that read metadata.
+#[cfg(test)]
+pub fn write_header_only(model: &Model, out: &Path) -> Result<()> {
+    let mut bytes = Vec::new();
+    gguf::write_header(&mut bytes, &header(model, Vec::new(), "header only"))?;
+    std::fs::write(out, bytes)?;
+    Ok(())
+}
+
+/// Writes `model` to `out` (through a temporary file: a stopped run leaves no partial model).
+fn write_model(
+    model: &Model,
+    tokenizer: Vec<(String, Value)>,
+    seed: u64,
+    name: &str,
+    out: &Path,
+) -> Result<()> {
+    let header = header(model, tokenizer, name);
 
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

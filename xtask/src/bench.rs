@@ -1,0 +1,569 @@
+//! `cargo xtask bench`: stock vs overlay in the same binary on the same GGUF, A/B/A
+//! (GGML_CUDA_FLASHRT_DISABLE=1, default, disabled again), with the device's bandwidth measured
+//! once, so that each number comes with its ratio to stock and its share of the bandwidth floor.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+use xshell::{cmd, Shell};
+
+use crate::build::{self, BuildArgs};
+use crate::doctor;
+use crate::gguf::{self, Value};
+use crate::project::{note, step, write_atomic, Project};
+use crate::synth::{self, Preset, SynthArgs};
+use crate::toolchain::{self, CudaChoice, Provision};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The GGUF to run.
+    #[arg(long, value_name = "FILE", conflicts_with = "preset")]
+    pub model: Option<PathBuf>,
+    /// Or a synth preset (written once into .xtask/models).
+    #[arg(long, value_enum, default_value = "qwen36-35b-a3b")]
+    pub preset: Preset,
+    /// Seed of the synth preset.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Tests, comma-separated: tgN (generate N tokens), ppN (prompt of N), either @dDEPTH.
+    #[arg(long, value_delimiter = ',', default_value = "tg128,pp512,tg128@d8192")]
+    pub tests: Vec<String>,
+    /// Also run the overlay with each window disabled alone (its contribution).
+    #[arg(long)]
+    pub sweep: bool,
+    /// Repetitions per llama-bench run.
+    #[arg(long, default_value_t = 5)]
+    pub reps: u32,
+    /// CUDA architecture to build for (default: the host's default).
+    #[arg(long, value_name = "ARCH")]
+    pub arch: Option<String>,
+    /// Use this local checkout or archive as the host source (must match the pin).
+    #[arg(long, value_name = "DIR")]
+    pub host_src: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TestSpec {
+    /// true: token generation (tgN); false: prompt processing (ppN).
+    generate: bool,
+    n: u32,
+    depth: u32,
+}
+
+impl TestSpec {
+    pub fn parse(text: &str) -> Result<TestSpec> {
+        let (main, depth) = match text.split_once("@d") {
+            Some((main, depth)) => (
+                main,
+                depth.parse().with_context(|| format!("{text}: depth"))?,
+            ),
+            None => (text, 0),
+        };
+        let (generate, n) = if let Some(n) = main.strip_prefix("tg") {
+            (true, n)
+        } else if let Some(n) = main.strip_prefix("pp") {
+            (false, n)
+        } else {
+            bail!("test {text:?}: use tgN, ppN, optionally @dDEPTH (e.g. tg128@d8192)");
+        };
+        let n = n.parse().with_context(|| format!("test {text:?}: count"))?;
+        Ok(TestSpec { generate, n, depth })
+    }
+
+    fn name(&self) -> String {
+        let kind = if self.generate { "tg" } else { "pp" };
+        let depth = if self.depth > 0 {
+            format!("@d{}", self.depth)
+        } else {
+            String::new()
+        };
+        format!("{kind}{}{depth}", self.n)
+    }
+
+    fn llama_bench_args(&self) -> Vec<String> {
+        let (p, n) = if self.generate {
+            (0, self.n)
+        } else {
+            (self.n, 0)
+        };
+        [
+            "-p",
+            &p.to_string(),
+            "-n",
+            &n.to_string(),
+            "-d",
+            &self.depth.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+}
+
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let mid = v.len() / 2;
+    if v.is_empty() {
+        f64::NAN
+    } else if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
+/// GGUF tensor bytes per element block, for the types llama.cpp models use.
+fn type_block(ggml_type: u32) -> Option<(u64, u64)> {
+    Some(match ggml_type {
+        0 => (1, 4),      // F32
+        1 | 30 => (1, 2), // F16, BF16
+        2 => (32, 18),    // Q4_0
+        3 => (32, 20),    // Q4_1
+        6 => (32, 22),    // Q5_0
+        7 => (32, 24),    // Q5_1
+        8 => (32, 34),    // Q8_0
+        10 => (256, 84),  // Q2_K
+        11 => (256, 110), // Q3_K
+        12 => (256, 144), // Q4_K
+        13 => (256, 176), // Q5_K
+        14 => (256, 210), // Q6_K
+        _ => return None,
+    })
+}
+
+/// Bytes read per decoded token from a GGUF's header: every weight but the token embedding
+/// (one row), experts (`_exps`) at expert_used_count / expert_count.
+pub fn bytes_per_token(path: &Path) -> Result<f64> {
+    let header = gguf::read_header(path)?;
+    let arch = match header.kv.iter().find(|(k, _)| k == "general.architecture") {
+        Some((_, Value::String(a))) => a.clone(),
+        _ => bail!("{}: no general.architecture", path.display()),
+    };
+    let get_u32 = |key: String| {
+        header
+            .kv
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, v)| match v {
+                Value::U32(x) => Some(*x as f64),
+                _ => None,
+            })
+    };
+    let share = match (
+        get_u32(format!("{arch}.expert_used_count")),
+        get_u32(format!("{arch}.expert_count")),
+    ) {
+        (Some(used), Some(all)) if all > 0.0 => used / all,
+        _ => 1.0,
+    };
+    let mut total = 0.0;
+    for t in &header.tensors {
+        if t.name == "token_embd.weight" {
+            continue;
+        }
+        let (per, bytes) = type_block(t.ggml_type).with_context(|| {
+            format!(
+                "{}: tensor {} has ggml type {}",
+                path.display(),
+                t.name,
+                t.ggml_type
+            )
+        })?;
+        let size = (t.dims.iter().product::<u64>() / per * bytes) as f64;
+        total += if t.name.contains("_exps") {
+            size * share
+        } else {
+            size
+        };
+    }
+    Ok(total)
+}
+
+#[derive(Debug, Serialize)]
+struct Bandwidth {
+    gpu: String,
+    read_tbps: f64,
+    copy_tbps: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Run {
+    setting: String,
+    env: Vec<(String, String)>,
+    samples_ts: Vec<f64>,
+    median_ts: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct TestResult {
+    test: String,
+    runs: Vec<Run>,
+    stock_ts: f64,
+    overlay_ts: f64,
+    ratio: f64,
+    /// Generation only: tok/s × bytes per token / read bandwidth.
+    overlay_floor_share: Option<f64>,
+    stock_floor_share: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct BenchResult {
+    date: String,
+    commit: String,
+    model: String,
+    bytes_per_token: f64,
+    bandwidth: Bandwidth,
+    command: String,
+    reps: u32,
+    tests: Vec<TestResult>,
+}
+
+/// The window names of the overlay in this checkout (rows of overlay/registry.cu).
+fn window_names(project: &Project) -> Result<Vec<String>> {
+    let path = project.overlay_dir().join("registry.cu");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter(|l| l.contains("flashrt_tier::"))
+        .filter_map(|l| l.split('"').nth(1).map(str::to_owned))
+        .collect())
+}
+
+fn llama_bench(
+    bin: &Path,
+    model: &Path,
+    test: &TestSpec,
+    reps: u32,
+    env: &[(String, String)],
+) -> Result<Vec<f64>> {
+    let mut command = std::process::Command::new(bin);
+    command
+        .args(["-m"])
+        .arg(model)
+        .args([
+            "-ngl",
+            "99",
+            "-fa",
+            "1",
+            "-r",
+            &reps.to_string(),
+            "-o",
+            "jsonl",
+        ])
+        .args(test.llama_bench_args());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = command
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "llama-bench failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .rev()
+                .take(15)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("llama-bench printed no result")?;
+    let row: serde_json::Value = serde_json::from_str(line).context("parsing llama-bench jsonl")?;
+    let samples: Vec<f64> = row["samples_ts"]
+        .as_array()
+        .context("llama-bench result has no samples_ts")?
+        .iter()
+        .filter_map(serde_json::Value::as_f64)
+        .collect();
+    if samples.is_empty() {
+        bail!("llama-bench reported no samples");
+    }
+    Ok(samples)
+}
+
+fn measure_bandwidth(sh: &Shell, project: &Project, build_dir: &Path) -> Result<Bandwidth> {
+    let cuda = toolchain::cuda(sh, project, Provision::Install, CudaChoice::Machine)?;
+    let nvcc = &cuda.nvcc.path;
+    let source = project.root.join("bench/tools/bandwidth.cu");
+    let exe = build_dir.join("bandwidth");
+    cmd!(sh, "{nvcc} -std=c++17 -O2 -o {exe} {source}")
+        .quiet()
+        .run()
+        .context("compiling bench/tools/bandwidth.cu")?;
+    let out = cmd!(sh, "{exe}")
+        .read()
+        .context("measuring the device's bandwidth")?;
+    #[derive(serde::Deserialize)]
+    struct Line {
+        gpu: String,
+        read_tbps: f64,
+        copy_tbps: f64,
+    }
+    let line: Line =
+        serde_json::from_str(out.trim()).context("parsing the bandwidth probe's output")?;
+    Ok(Bandwidth {
+        gpu: line.gpu,
+        read_tbps: line.read_tbps,
+        copy_tbps: line.copy_tbps,
+    })
+}
+
+fn today(sh: &Shell) -> Result<String> {
+    Ok(cmd!(sh, "date -u +%F").quiet().read()?.trim().to_owned())
+}
+
+fn commit(sh: &Shell, project: &Project) -> String {
+    let root = &project.root;
+    let head = cmd!(sh, "git -C {root} rev-parse --short HEAD")
+        .quiet()
+        .read()
+        .unwrap_or_else(|_| "unknown".into());
+    let dirty = cmd!(sh, "git -C {root} status --porcelain")
+        .quiet()
+        .read()
+        .map(|s| !s.trim().is_empty())
+        .unwrap_or(false);
+    format!("{}{}", head.trim(), if dirty { "-dirty" } else { "" })
+}
+
+pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
+    let tests = args
+        .tests
+        .iter()
+        .map(|t| TestSpec::parse(t))
+        .collect::<Result<Vec<_>>>()?;
+    if let Err(why) = doctor::gpus(sh) {
+        bail!("no NVIDIA GPU visible ({why}): cargo xtask bench measures the CUDA build; run it on a GPU machine");
+    }
+    let built = build::build(
+        sh,
+        project,
+        &BuildArgs {
+            arch: args.arch.iter().cloned().collect(),
+            targets: vec!["llama-bench".into()],
+            host_src: args.host_src.clone(),
+            ..BuildArgs::new("llama.cpp")
+        },
+    )?;
+    let bin = built.build_dir.join("bin/llama-bench");
+    let model = match &args.model {
+        Some(model) => model.clone(),
+        None => {
+            let out = project.work().join("models").join(format!(
+                "{}-s{}.gguf",
+                preset_file_name(args.preset),
+                args.seed
+            ));
+            if !out.is_file() {
+                synth::run(
+                    sh,
+                    project,
+                    SynthArgs {
+                        preset: args.preset,
+                        out: Some(out.clone()),
+                        seed: args.seed,
+                        layers: None,
+                        experts: None,
+                    },
+                )?;
+            }
+            out
+        }
+    };
+    let bytes = bytes_per_token(&model)?;
+    step("measuring the device's bandwidth");
+    let bandwidth = measure_bandwidth(sh, project, &built.build_dir)?;
+    note(format!(
+        "{}: read {:.2} TB/s, copy {:.2} TB/s",
+        bandwidth.gpu, bandwidth.read_tbps, bandwidth.copy_tbps
+    ));
+
+    let disabled = vec![("GGML_CUDA_FLASHRT_DISABLE".to_owned(), "1".to_owned())];
+    let mut settings: Vec<(String, Vec<(String, String)>)> = vec![
+        ("stock".into(), disabled.clone()),
+        ("overlay".into(), vec![]),
+        ("stock again".into(), disabled),
+    ];
+    if args.sweep {
+        for name in window_names(project)? {
+            settings.push((
+                format!("overlay without {name}"),
+                vec![(format!("GGML_FLASHRT_NO_{name}"), "1".into())],
+            ));
+        }
+    }
+    let mut results = Vec::new();
+    for test in &tests {
+        let mut runs = Vec::new();
+        for (setting, env) in &settings {
+            step(format!("{} {setting}", test.name()));
+            let samples = llama_bench(&bin, &model, test, args.reps, env)?;
+            runs.push(Run {
+                setting: setting.clone(),
+                env: env.clone(),
+                median_ts: median(&samples),
+                samples_ts: samples,
+            });
+        }
+        let stock_samples: Vec<f64> = runs
+            .iter()
+            .filter(|r| r.setting.starts_with("stock"))
+            .flat_map(|r| r.samples_ts.iter().copied())
+            .collect();
+        let stock_ts = median(&stock_samples);
+        let overlay_ts = runs[1].median_ts;
+        let share = |ts: f64| {
+            test.generate
+                .then(|| ts * bytes / (bandwidth.read_tbps * 1e12))
+        };
+        results.push(TestResult {
+            test: test.name(),
+            stock_ts,
+            overlay_ts,
+            ratio: overlay_ts / stock_ts,
+            overlay_floor_share: share(overlay_ts),
+            stock_floor_share: share(stock_ts),
+            runs,
+        });
+    }
+
+    let result = BenchResult {
+        date: today(sh)?,
+        commit: commit(sh, project),
+        model: model.display().to_string(),
+        bytes_per_token: bytes,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        reps: args.reps,
+        bandwidth,
+        tests: results,
+    };
+    let gpu_slug: String = result
+        .bandwidth
+        .gpu
+        .to_lowercase()
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "-");
+    let file = project
+        .root
+        .join("bench/results")
+        .join(format!("{}-{}-{gpu_slug}.json", result.date, result.commit));
+    write_atomic(&file, serde_json::to_string_pretty(&result)?.as_bytes())?;
+    print!("{}", table(&result));
+    println!("\nresults: {}", file.display());
+    Ok(())
+}
+
+fn preset_file_name(preset: Preset) -> String {
+    use clap::ValueEnum;
+    preset
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
+}
+
+fn table(r: &BenchResult) -> String {
+    let pct = |x: Option<f64>| {
+        x.map(|v| format!("{:.1}%", v * 100.0))
+            .unwrap_or_else(|| "-".into())
+    };
+    let mut out = format!(
+        "\n{} · {} · {:.3} GB/token · read {:.2} TB/s · floor {:.0} tok/s\n\n| test | stock tok/s | overlay tok/s | ratio | floor share stock | floor share overlay |\n|---|---:|---:|---:|---:|---:|\n",
+        r.bandwidth.gpu,
+        r.model,
+        r.bytes_per_token / 1e9,
+        r.bandwidth.read_tbps,
+        r.bandwidth.read_tbps * 1e12 / r.bytes_per_token
+    );
+    for t in &r.tests {
+        out.push_str(&format!(
+            "| {} | {:.1} | {:.1} | {:.3} | {} | {} |\n",
+            t.test,
+            t.stock_ts,
+            t.overlay_ts,
+            t.ratio,
+            pct(t.stock_floor_share),
+            pct(t.overlay_floor_share)
+        ));
+        for run in t.runs.iter().skip(3) {
+            out.push_str(&format!(
+                "| {} {} | | {:.1} | {:.3} | | |\n",
+                t.test,
+                run.setting,
+                run.median_ts,
+                run.median_ts / t.stock_ts
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_specs_parse_and_map_to_llama_bench_flags() {
+        let t = TestSpec::parse("tg128@d8192").unwrap();
+        assert_eq!(
+            t,
+            TestSpec {
+                generate: true,
+                n: 128,
+                depth: 8192
+            }
+        );
+        assert_eq!(t.name(), "tg128@d8192");
+        assert_eq!(t.llama_bench_args(), ["-p", "0", "-n", "128", "-d", "8192"]);
+        assert_eq!(
+            TestSpec::parse("pp512").unwrap().llama_bench_args(),
+            ["-p", "512", "-n", "0", "-d", "0"]
+        );
+        for bad in ["tg", "qq128", "tg12x", "pp512@d", "tg128@x5"] {
+            assert!(TestSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn bytes_per_token_from_the_header_matches_synth() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = synth::Model::build(Preset::Qwen36_35bA3b, Some(2), Some(16)).unwrap();
+        let path = dir.path().join("m.gguf");
+        synth::write_header_only(&model, &path).unwrap();
+        let from_header = bytes_per_token(&path).unwrap();
+        assert!(
+            (from_header - model.bytes_per_token()).abs() < 1.0,
+            "{from_header} vs {}",
+            model.bytes_per_token()
+        );
+    }
+
+    #[test]
+    fn window_names_come_from_the_registry() {
+        let project = Project {
+            root: Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap()
+                .to_path_buf(),
+        };
+        assert!(window_names(&project)
+            .unwrap()
+            .contains(&"GDN_GATED_NORM".to_owned()));
+    }
+}
