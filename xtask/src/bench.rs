@@ -13,7 +13,7 @@ use crate::build::{self, BuildArgs};
 use crate::doctor;
 use crate::gguf::{self, Value};
 use crate::project::{note, step, write_atomic, Project};
-use crate::synth::{self, Preset, SynthArgs};
+use crate::synth::{self, Preset};
 use crate::toolchain::{self, CudaChoice, Provision};
 
 #[derive(Debug, Args)]
@@ -359,27 +359,7 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
     let bin = built.build_dir.join("bin/llama-bench");
     let model = match &args.model {
         Some(model) => model.clone(),
-        None => {
-            let out = project.work().join("models").join(format!(
-                "{}-s{}.gguf",
-                preset_file_name(args.preset),
-                args.seed
-            ));
-            if !out.is_file() {
-                synth::run(
-                    sh,
-                    project,
-                    SynthArgs {
-                        preset: args.preset,
-                        out: Some(out.clone()),
-                        seed: args.seed,
-                        layers: None,
-                        experts: None,
-                    },
-                )?;
-            }
-            out
-        }
+        None => synth::ensure_model(sh, project, args.preset, args.seed)?,
     };
     let bytes = bytes_per_token(&model)?;
     step("measuring the device's bandwidth");
@@ -461,14 +441,6 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
     print!("{}", table(&result));
     println!("\nresults: {}", file.display());
     Ok(())
-}
-
-fn preset_file_name(preset: Preset) -> String {
-    use clap::ValueEnum;
-    preset
-        .to_possible_value()
-        .map(|v| v.get_name().to_owned())
-        .unwrap_or_default()
 }
 
 fn table(r: &BenchResult) -> String {

@@ -12,6 +12,7 @@ mod doctor;
 mod fsutil;
 mod gguf;
 mod host;
+mod parity;
 mod patch;
 mod project;
 mod synth;
@@ -62,6 +63,8 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Stock vs overlay in one binary on one GGUF (A/B/A), with ratio and share of the bandwidth floor.
     Bench(bench::BenchArgs),
+    /// Is the overlay quality-neutral? Overlay-vs-stock divergence against fusion-off-vs-stock.
+    Parity(parity::ParityArgs),
     /// Summarise a GGML_FLASHRT_DUMP file: window coverage and the ops no window covers.
     Coverage(coverage::CoverageArgs),
     /// Run the CI matrix cells this machine can run.
@@ -92,6 +95,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::TestBackendOps(args) => test_backend_ops::run(&sh, &project, args),
         Command::Synth(args) => synth::run(&sh, &project, args),
         Command::Bench(args) => bench::run(&sh, &project, args),
+        Command::Parity(args) => parity::run(&sh, &project, args),
         Command::Coverage(args) => coverage::run(args),
         Command::Ci(args) => ci::run(&sh, &project, args),
     }

@@ -696,6 +696,28 @@ fn preset_name(preset: Preset) -> String {
         .unwrap_or_default()
 }
 
+/// The preset's full-size model in .xtask/models, written first if missing.
+pub fn ensure_model(sh: &Shell, project: &Project, preset: Preset, seed: u64) -> Result<PathBuf> {
+    let out = project
+        .work()
+        .join("models")
+        .join(format!("{}-s{seed}.gguf", preset_name(preset)));
+    if !out.is_file() {
+        run(
+            sh,
+            project,
+            SynthArgs {
+                preset,
+                out: Some(out.clone()),
+                seed,
+                layers: None,
+                experts: None,
+            },
+        )?;
+    }
+    Ok(out)
+}
+
 pub fn run(sh: &Shell, project: &Project, args: SynthArgs) -> Result<()> {
     let model = Model::build(args.preset, args.layers, args.experts)?;
     let name = preset_name(args.preset);
