@@ -8,6 +8,8 @@
 # Usage (device, repository root): bench/device/overlay-check.sh [--full]
 # Needs .xtask/device/ carried, as smoke.sh (see bench/README.md).
 set -euo pipefail
+# Windows of every tier are checked here, not only the default (safe) ones.
+export FRT_SHEXP_GATE_SWAP=1
 out=${OUT:-/tmp/overlay-check}
 mkdir -p "$out"
 xtask=.xtask/device/xtask
@@ -16,10 +18,12 @@ xtask=.xtask/device/xtask
 summary=()
 
 echo "== 1. vendor kernel unit tests"
-nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/gated-rms-norm.cu vendor/csrc/tests/test-gated-rms-norm.cu \
-    -o /tmp/test-gated-rms-norm 2>/dev/null
-/tmp/test-gated-rms-norm | tee "$out/vendor-tests.txt"
-summary+=("vendor gated-rms-norm: $(tail -1 "$out/vendor-tests.txt")")
+for test in gated-rms-norm gated-residual; do
+    nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/$test.cu vendor/csrc/tests/test-$test.cu \
+        -o /tmp/test-$test 2>/dev/null
+    /tmp/test-$test | tee -a "$out/vendor-tests.txt"
+    summary+=("vendor $test: $(tail -1 "$out/vendor-tests.txt")")
+done
 
 echo "== 2. build + test-backend-ops FlashRT cases"
 "$xtask" build --arch 90a \
@@ -55,7 +59,7 @@ grep "FlashRT stats" "$out/completion-disabled.err" > "$out/stats-disabled.txt" 
 cat "$out/stats-disabled.txt"
 if cmp -s "$out/completion-flashrt.txt" "$out/completion-disabled.txt"; then same=identical; else same=DIFFERENT; fi
 summary+=("greedy completion overlay vs disabled: $same")
-summary+=("stats: $(grep -m1 'GDN_GATED_NORM' "$out/stats-flashrt.txt" | xargs)")
+summary+=("stats: $(grep -E 'GDN_GATED_NORM|SHEXP_GATE' "$out/stats-flashrt.txt" | xargs)")
 
 bench() {
     "$bin/llama-bench" -m "$model" -ngl 99 -fa 1 -p 0 -n 128 -r 5 -o jsonl 2>/dev/null \

@@ -14,6 +14,7 @@ use crate::doctor;
 use crate::gguf::{self, Value};
 use crate::project::{note, step, write_atomic, Project};
 use crate::synth::{self, Preset};
+use crate::test_backend_ops;
 use crate::toolchain::{self, CudaChoice, Provision};
 
 #[derive(Debug, Args)]
@@ -221,18 +222,6 @@ struct BenchResult {
     tests: Vec<TestResult>,
 }
 
-/// The window names of the overlay in this checkout (rows of overlay/registry.cu).
-fn window_names(project: &Project) -> Result<Vec<String>> {
-    let path = project.overlay_dir().join("registry.cu");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(text
-        .lines()
-        .filter(|l| l.contains("flashrt_tier::"))
-        .filter_map(|l| l.split('"').nth(1).map(str::to_owned))
-        .collect())
-}
-
 fn llama_bench(
     bin: &Path,
     model: &Path,
@@ -376,7 +365,7 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
         ("stock again".into(), disabled),
     ];
     if args.sweep {
-        for name in window_names(project)? {
+        for name in test_backend_ops::window_names(project)? {
             settings.push((
                 format!("overlay without {name}"),
                 vec![(format!("GGML_FLASHRT_NO_{name}"), "1".into())],
@@ -524,18 +513,5 @@ mod tests {
             "{from_header} vs {}",
             model.bytes_per_token()
         );
-    }
-
-    #[test]
-    fn window_names_come_from_the_registry() {
-        let project = Project {
-            root: Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap()
-                .to_path_buf(),
-        };
-        assert!(window_names(&project)
-            .unwrap()
-            .contains(&"GDN_GATED_NORM".to_owned()));
     }
 }

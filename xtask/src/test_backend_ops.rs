@@ -101,7 +101,12 @@ pub fn run(sh: &Shell, project: &Project, args: TestBackendOpsArgs) -> Result<()
             .unwrap_or(2)
     });
     let log = built.build_dir.join("test-backend-ops.log");
-    let output = run_suite(&binary, filter.as_deref(), jobs, &log)?;
+    let windows = if args.stock {
+        Vec::new()
+    } else {
+        window_names(project)?
+    };
+    let output = run_suite(&binary, filter.as_deref(), jobs, &windows, &log)?;
     let summary = summarize(&output);
     for line in &summary.lines {
         println!("{line}");
@@ -131,7 +136,25 @@ pub fn run(sh: &Shell, project: &Project, args: TestBackendOpsArgs) -> Result<()
     Ok(())
 }
 
-fn run_suite(binary: &Path, filter: Option<&str>, jobs: usize, log: &Path) -> Result<String> {
+/// The window names of the overlay in this checkout (rows of overlay/registry.cu).
+pub fn window_names(project: &Project) -> Result<Vec<String>> {
+    let path = project.overlay_dir().join("registry.cu");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter(|l| l.contains("flashrt_tier::"))
+        .filter_map(|l| l.split('"').nth(1).map(str::to_owned))
+        .collect())
+}
+
+fn run_suite(
+    binary: &Path,
+    filter: Option<&str>,
+    jobs: usize,
+    windows: &[String],
+    log: &Path,
+) -> Result<String> {
     let mut command = std::process::Command::new(binary);
     command.args(["test", "-b", "CUDA0", "-j", &jobs.to_string()]);
     if let Some(filter) = filter {
@@ -140,8 +163,12 @@ fn run_suite(binary: &Path, filter: Option<&str>, jobs: usize, log: &Path) -> Re
     command
         .env("GGML_CUDA_FLASHRT_NO_CACHE", "1")
         .env("FRT_STATS", "1");
+    // Every window is tested, whatever its tier.
+    for name in windows {
+        command.env(format!("FRT_{name}_SWAP"), "1");
+    }
     step(format!(
-        "{} test -b CUDA0 -j {jobs}{} (GGML_CUDA_FLASHRT_NO_CACHE=1 FRT_STATS=1)",
+        "{} test -b CUDA0 -j {jobs}{} (GGML_CUDA_FLASHRT_NO_CACHE=1 FRT_STATS=1, every window on)",
         binary.display(),
         filter.map(|f| format!(" -o {f}")).unwrap_or_default()
     ));
@@ -242,6 +269,22 @@ mod tests {
         assert_eq!(
             format!("{parsed:?}"),
             format!("{:?}", TestBackendOpsArgs::new("llama.cpp"))
+        );
+    }
+
+    #[test]
+    fn window_names_come_from_the_registry() {
+        let project = Project {
+            root: Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap()
+                .to_path_buf(),
+        };
+        let names = window_names(&project).unwrap();
+        assert!(
+            names.contains(&"GDN_GATED_NORM".to_owned())
+                && names.contains(&"SHEXP_GATE".to_owned()),
+            "{names:?}"
         );
     }
 
