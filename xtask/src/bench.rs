@@ -19,15 +19,8 @@ use crate::toolchain::{self, CudaChoice, Provision};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// The GGUF to run.
-    #[arg(long, value_name = "FILE", conflicts_with = "preset")]
-    pub model: Option<PathBuf>,
-    /// Or a synth preset (written once into .xtask/models).
-    #[arg(long, value_enum, default_value = "qwen36-35b-a3b")]
-    pub preset: Preset,
-    /// Seed of the synth preset.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub target: GpuModelArgs,
     /// Tests, comma-separated: tgN (generate N tokens), ppN (prompt of N), either @dDEPTH.
     #[arg(long, value_delimiter = ',', default_value = "tg128,pp512,tg128@d8192")]
     pub tests: Vec<String>,
@@ -37,12 +30,68 @@ pub struct BenchArgs {
     /// Repetitions per llama-bench run.
     #[arg(long, default_value_t = 5)]
     pub reps: u32,
+}
+
+/// A model on the overlay build, as `bench` and `parity` take it.
+#[derive(Debug, Args)]
+pub struct GpuModelArgs {
+    /// The GGUF to run.
+    #[arg(long, value_name = "FILE", conflicts_with = "preset")]
+    pub model: Option<PathBuf>,
+    /// Or a synth preset (written once into .xtask/models).
+    #[arg(long, value_enum, default_value = "qwen36-35b-a3b")]
+    pub preset: Preset,
+    /// Seed of the synth preset.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
     /// CUDA architecture to build for (default: the host's default).
     #[arg(long, value_name = "ARCH")]
     pub arch: Option<String>,
     /// Use this local checkout or archive as the host source (must match the pin).
     #[arg(long, value_name = "DIR")]
     pub host_src: Option<PathBuf>,
+}
+
+/// What [`GpuModelArgs::prepare`] made ready.
+pub struct Prepared {
+    pub build_dir: PathBuf,
+    /// The requested tool in the build's bin/.
+    pub tool: PathBuf,
+    pub model: PathBuf,
+}
+
+impl GpuModelArgs {
+    /// Checks for a GPU, builds `tool` with the overlay, and finds or writes the model.
+    pub fn prepare(
+        &self,
+        sh: &Shell,
+        project: &Project,
+        command: &str,
+        tool: &str,
+    ) -> Result<Prepared> {
+        if let Err(why) = doctor::gpus(sh) {
+            bail!("no NVIDIA GPU visible ({why}): cargo xtask {command} runs the CUDA build; run it on a GPU machine");
+        }
+        let built = build::build(
+            sh,
+            project,
+            &BuildArgs {
+                arch: self.arch.iter().cloned().collect(),
+                targets: vec![tool.to_owned()],
+                host_src: self.host_src.clone(),
+                ..BuildArgs::new("llama.cpp")
+            },
+        )?;
+        let model = match &self.model {
+            Some(model) => model.clone(),
+            None => synth::ensure_model(sh, project, self.preset, self.seed)?,
+        };
+        Ok(Prepared {
+            tool: built.build_dir.join("bin").join(tool),
+            build_dir: built.build_dir,
+            model,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -222,6 +271,29 @@ struct BenchResult {
     tests: Vec<TestResult>,
 }
 
+/// Runs one of llama.cpp's tools with extra environment variables; returns (stdout, stderr). A
+/// failure reports the tool's last lines.
+pub fn run_tool<K: AsRef<std::ffi::OsStr>, V: AsRef<std::ffi::OsStr>>(
+    bin: &Path,
+    args: &[std::ffi::OsString],
+    env: impl IntoIterator<Item = (K, V)>,
+) -> Result<(String, String)> {
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .envs(env)
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        let lines: Vec<&str> = stderr.lines().collect();
+        let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+        let name = bin.file_name().unwrap_or_default().to_string_lossy();
+        bail!("{name} failed ({}):\n{tail}", out.status);
+    }
+    Ok((stdout, stderr))
+}
+
 fn llama_bench(
     bin: &Path,
     model: &Path,
@@ -229,40 +301,21 @@ fn llama_bench(
     reps: u32,
     env: &[(String, String)],
 ) -> Result<Vec<f64>> {
-    let mut command = std::process::Command::new(bin);
-    command
-        .args(["-m"])
-        .arg(model)
-        .args([
-            "-ngl",
-            "99",
-            "-fa",
-            "1",
-            "-r",
-            &reps.to_string(),
-            "-o",
-            "jsonl",
-        ])
-        .args(test.llama_bench_args());
-    for (k, v) in env {
-        command.env(k, v);
+    let mut args: Vec<std::ffi::OsString> = vec!["-m".into(), model.into()];
+    for a in [
+        "-ngl",
+        "99",
+        "-fa",
+        "1",
+        "-r",
+        &reps.to_string(),
+        "-o",
+        "jsonl",
+    ] {
+        args.push(a.into());
     }
-    let out = command
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    if !out.status.success() {
-        bail!(
-            "llama-bench failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .rev()
-                .take(15)
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    args.extend(test.llama_bench_args().into_iter().map(Into::into));
+    let (stdout, _) = run_tool(bin, &args, env.iter().map(|(k, v)| (k, v)))?;
     let line = stdout
         .lines()
         .rev()
@@ -332,27 +385,14 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
         .iter()
         .map(|t| TestSpec::parse(t))
         .collect::<Result<Vec<_>>>()?;
-    if let Err(why) = doctor::gpus(sh) {
-        bail!("no NVIDIA GPU visible ({why}): cargo xtask bench measures the CUDA build; run it on a GPU machine");
-    }
-    let built = build::build(
-        sh,
-        project,
-        &BuildArgs {
-            arch: args.arch.iter().cloned().collect(),
-            targets: vec!["llama-bench".into()],
-            host_src: args.host_src.clone(),
-            ..BuildArgs::new("llama.cpp")
-        },
-    )?;
-    let bin = built.build_dir.join("bin/llama-bench");
-    let model = match &args.model {
-        Some(model) => model.clone(),
-        None => synth::ensure_model(sh, project, args.preset, args.seed)?,
-    };
+    let Prepared {
+        build_dir,
+        tool: bin,
+        model,
+    } = args.target.prepare(sh, project, "bench", "llama-bench")?;
     let bytes = bytes_per_token(&model)?;
     step("measuring the device's bandwidth");
-    let bandwidth = measure_bandwidth(sh, project, &built.build_dir)?;
+    let bandwidth = measure_bandwidth(sh, project, &build_dir)?;
     note(format!(
         "{}: read {:.2} TB/s, copy {:.2} TB/s",
         bandwidth.gpu, bandwidth.read_tbps, bandwidth.copy_tbps
@@ -492,6 +532,26 @@ mod tests {
         for bad in ["tg", "qq128", "tg12x", "pp512@d", "tg128@x5"] {
             assert!(TestSpec::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn run_tool_passes_env_and_reports_failures_with_their_last_lines() {
+        let sh = Path::new("sh");
+        let args = |script: &str| vec!["-c".into(), script.into()];
+        let (out, err) =
+            run_tool(sh, &args("echo $FRT_X; echo note >&2"), [("FRT_X", "1")]).unwrap();
+        assert_eq!((out.as_str(), err.as_str()), ("1\n", "note\n"));
+        let failure = run_tool(
+            sh,
+            &args("echo first >&2; echo last >&2; exit 3"),
+            [("A", "B")],
+        )
+        .unwrap_err();
+        let text = format!("{failure:#}");
+        assert!(
+            text.contains("sh failed") && text.contains("first\nlast"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -5,40 +5,25 @@
 //! yardstick. Divergence is measured as llama-perplexity does (KL divergence of the token
 //! distributions, top-1 agreement, RMS of the probability change).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-
-use crate::build::{self, BuildArgs};
-use crate::doctor;
-use crate::project::{step, Project};
-use crate::synth::{self, Preset};
 use xshell::Shell;
+
+use crate::bench::{run_tool, GpuModelArgs, Prepared};
+use crate::project::{step, Project};
 
 #[derive(Debug, Args)]
 pub struct ParityArgs {
-    /// The GGUF to run.
-    #[arg(long, value_name = "FILE", conflicts_with = "preset")]
-    pub model: Option<PathBuf>,
-    /// Or a synth preset (written once into .xtask/models).
-    #[arg(long, value_enum, default_value = "qwen36-35b-a3b")]
-    pub preset: Preset,
-    /// Seed of the synth preset.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub target: GpuModelArgs,
     /// Tokens per chunk (the context; the second half of each chunk is scored).
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(256..))]
     pub tokens: u32,
     /// Chunks of text to feed.
     #[arg(long, default_value_t = 4)]
     pub chunks: u32,
-    /// CUDA architecture to build for (default: the host's default).
-    #[arg(long, value_name = "ARCH")]
-    pub arch: Option<String>,
-    /// Use this local checkout or archive as the host source (must match the pin).
-    #[arg(long, value_name = "DIR")]
-    pub host_src: Option<PathBuf>,
 }
 
 /// What llama-perplexity --kl-divergence reports, as used here.
@@ -106,46 +91,17 @@ pub fn within_reference(overlay: &Divergence, reference: &Divergence) -> Result<
 }
 
 fn perplexity(bin: &Path, args: &[String], env: &[(&str, &str)]) -> Result<String> {
-    let mut command = std::process::Command::new(bin);
-    command.args(args);
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let out = command
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&out.stderr));
-    if !out.status.success() {
-        let tail: Vec<&str> = text.lines().rev().take(15).collect();
-        bail!(
-            "llama-perplexity failed ({}):\n{}",
-            out.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
-    }
-    Ok(text)
+    let args: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+    let (stdout, stderr) = run_tool(bin, &args, env.iter().copied())?;
+    Ok(stdout + &stderr)
 }
 
 pub fn run(sh: &Shell, project: &Project, args: ParityArgs) -> Result<()> {
-    if let Err(why) = doctor::gpus(sh) {
-        bail!("no NVIDIA GPU visible ({why}): cargo xtask parity compares CUDA kernels; run it on a GPU machine");
-    }
-    let built = build::build(
-        sh,
-        project,
-        &BuildArgs {
-            arch: args.arch.iter().cloned().collect(),
-            targets: vec!["llama-perplexity".into()],
-            host_src: args.host_src.clone(),
-            ..BuildArgs::new("llama.cpp")
-        },
-    )?;
-    let bin = built.build_dir.join("bin/llama-perplexity");
-    let model = match &args.model {
-        Some(model) => model.clone(),
-        None => synth::ensure_model(sh, project, args.preset, args.seed)?,
-    };
+    let Prepared {
+        tool: bin, model, ..
+    } = args
+        .target
+        .prepare(sh, project, "parity", "llama-perplexity")?;
     // A fixed text: the pinned tree's README (long enough for several 512-token chunks).
     let text = project.pristine_dir("llama.cpp").join("README.md");
     let scratch = project.scratch()?;
