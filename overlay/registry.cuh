@@ -23,7 +23,6 @@ struct flashrt_match {
 
     bool hit() const { return miss == nullptr && (deferred() || n_nodes >= 2); }
     bool deferred() const { return run_at >= 0; }
-    int  covered() const { return deferred() ? head + tail : n_nodes; }
 };
 
 // Miss reason of a window whose first node is not even the right op: the common case, never
