@@ -4,7 +4,7 @@
 //   GGML_FLASHRT_DEBUG=1        why candidate windows missed, as graphs are evaluated
 //   GGML_FLASHRT_DUMP=<file>    node sequences of the first GGML_FLASHRT_DUMP_MAX (default 4)
 //                               computed graphs, with the window that covers each node
-//   FRT_STATS=1                 at exit: per-window hits, nodes covered, total nodes, repack memory
+//   FRT_STATS=1                 at exit: per-window hits, nodes covered, total nodes, repack cache
 
 #include "registry.cuh"
 
@@ -20,7 +20,9 @@ struct flashrt_stats {
     std::atomic<uint64_t> nodes_covered{ 0 };  // of which windows ran
     std::atomic<uint64_t> hits[FLASHRT_MAX_WINDOWS] = {};
     std::atomic<uint64_t> covered[FLASHRT_MAX_WINDOWS] = {};
-    std::atomic<uint64_t> repack_bytes{ 0 };
+    std::atomic<uint64_t> repack_tensors{ 0 };  // weights put into the repack cache
+    std::atomic<uint64_t> repack_bytes{ 0 };    // their size in the cache
+    std::atomic<uint64_t> repack_per_use{ 0 };  // conversions made at run time instead (not cached)
 };
 
 bool flashrt_debug_enabled();

@@ -1,6 +1,7 @@
 #include "flashrt.cuh"
 #include "diagnostics.cuh"
 #include "registry.cuh"
+#include "repack.cuh"
 
 #include <climits>
 #include <cstdio>
@@ -111,12 +112,35 @@ struct flashrt_pending_window {
     flashrt_match        match;
 };
 
+// The weights that matched windows will read, repacked now: the node loop may run under capture.
+static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph) {
+    if (!flashrt_repack_cache_enabled()) {
+        return;
+    }
+    const int cc = ggml_cuda_info().devices[ctx.device].cc;
+    for (const flashrt_window_state & ws : runtime().windows) {
+        if (!ws.enabled || ws.window->prepare == nullptr || cc < ws.window->min_cc) {
+            continue;
+        }
+        for (int i = 0; i < cgraph->n_nodes; ++i) {
+            const flashrt_match m = ws.window->match(cgraph, i);
+            if (m.hit()) {
+                ws.window->prepare(ctx, cgraph, i, m);
+            }
+        }
+    }
+}
+
 void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph) {
-    GGML_UNUSED(ctx);
     if (runtime().disabled) {
         return;
     }
     flashrt_dump_graph(cgraph, dump_labels);
+    prepare_windows(ctx, cgraph);
+}
+
+void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {
+    flashrt_repack_free(ctx);
 }
 
 int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i) {

@@ -16,3 +16,7 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
 // starting at node i matched and ran, returns how many nodes after i it also consumed (>= 1);
 // 0 means no window ran and the stock path handles node i. Capture-safe.
 int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i);
+
+// Called when a CUDA backend context is destroyed: frees what the overlay holds for it (repacked
+// weights).
+void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx);

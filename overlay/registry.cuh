@@ -57,6 +57,9 @@ struct flashrt_window {
     // Runs the matched nodes on ctx.stream() (i is the node the match was made at, also when
     // deferred); capture-safe: no sync, no allocation outside ctx.pool().
     void (*run)(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
+    // Optional (nullptr: nothing to prepare). Called from the begin-graph hook, outside capture, for
+    // every match in the graph about to run: fills the repack cache with the weights run reads.
+    void (*prepare)(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m);
 };
 
 // The registered windows, in the order they are tried at each node.

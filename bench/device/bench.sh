@@ -6,10 +6,17 @@
 # Usage (device, repository root): bench/device/bench.sh [extra cargo-xtask-bench flags, e.g. --sweep]
 # Needs .xtask/device/ carried (see bench/README.md). The result JSON is copied to $OUT.
 set -euo pipefail
+# One GPU: on a multi-GPU machine the single-device numbers come from the first (multi-gpu.sh
+# measures the splits).
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 out=${OUT:-/tmp/bench-out}
 mkdir -p "$out"
 xtask=.xtask/device/xtask
 "$xtask" host fetch --host-src .xtask/device/llama.cpp.tar.xz
 "$xtask" bench --preset qwen36-35b-a3b --arch 90a "$@" 2>&1 | tee "$out/bench.log" | grep -v '^\[' | tail -40
 cp bench/results/*.json "$out/"
-"$xtask" parity --preset qwen36-35b-a3b --arch 90a 2>&1 | tee "$out/parity.log" | grep -v '^\[' | tail -12
+status=0
+"$xtask" parity --preset qwen36-35b-a3b --arch 90a 2>&1 | tee "$out/parity.log" | grep -v '^\[' | tail -12 || status=$?
+# The per-position table is written before the verdict: keep it either way.
+cp bench/results/*-parity.tsv "$out/" || true
+exit $status

@@ -2,6 +2,7 @@
 #include "window-util.cuh"
 
 #include "gated-residual.cuh"
+#include "../repack.cuh"
 
 // The other operand of a binary node, given one of them (nullptr if `known` is neither).
 static const ggml_tensor * other_src(const ggml_tensor * node, const ggml_tensor * known) {
@@ -28,8 +29,11 @@ flashrt_match flashrt_match_shexp_gate(const ggml_cgraph * cgraph, int i) {
     }
     const ggml_tensor * w = dot->src[0];
     const ggml_tensor * x = dot->src[1];
-    if (w->type != GGML_TYPE_F32 || ggml_nrows(w) != 1 || !ggml_is_contiguous(w)) {
+    if (ggml_nrows(w) != 1) {
         return flashrt_miss(flashrt_miss_anchor);  // an ordinary matmul, not a gate: not a candidate
+    }
+    if (!flashrt_repack_supported(w, flashrt_layout::f32)) {
+        return flashrt_miss("gate weight: not a contiguous F32, F16 or BF16 vector");
     }
     const int64_t n = w->ne[0], tokens = x->ne[1];
     if (!is_plain_activation(x, n, tokens) || dot->ne[0] != 1) {
@@ -99,7 +103,9 @@ void flashrt_run_shexp_gate(ggml_backend_cuda_context & ctx, ggml_cgraph * cgrap
 
     const size_t f = sizeof(float);
     frt_gated_residual_args args;
-    args.w = (const float *) dot->src[0]->data;
+    // F16/BF16 gates (unquantized checkpoints) are read as F32: cached once, or converted per use.
+    const flashrt_repacked w(ctx, dot->src[0], flashrt_layout::f32, "SHEXP_GATE");
+    args.w = w.f32();
     args.x = (const float *) dot->src[1]->data;
     args.s = (const float *) shexp->data;
     args.a = (const float *) moe->data;
@@ -113,4 +119,10 @@ void flashrt_run_shexp_gate(ggml_backend_cuda_context & ctx, ggml_cgraph * cgrap
     args.r_token = residual ? residual->nb[1] / f : 0;
     args.out_token = out->nb[1] / f;
     FLASHRT_CHECK("SHEXP_GATE", frt_gated_residual_f32(args, ctx.stream()));
+}
+
+void flashrt_prepare_shexp_gate(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
+                                const flashrt_match & m) {
+    GGML_UNUSED(m);
+    flashrt_repack_prepare(ctx, cgraph->nodes[i]->src[0], flashrt_layout::f32);
 }

@@ -30,6 +30,97 @@ pub struct BenchArgs {
     /// Repetitions per llama-bench run.
     #[arg(long, default_value_t = 5)]
     pub reps: u32,
+    /// How llama-bench spreads the model over the visible GPUs (its -sm; left to llama-bench, which
+    /// splits by layer, when not given). `row` fails to load at this pin ("does not support split
+    /// buffers"): CUDA has no split buffer type there.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub split_mode: Option<SplitMode>,
+    /// Share of the model per GPU, comma-separated, e.g. 1,1 or 3,1 (llama-bench's -ts, which
+    /// writes it 1/1; not passed when not given).
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub tensor_split: Vec<f64>,
+}
+
+/// llama-bench's split modes at the pin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SplitMode {
+    /// Whole layers per GPU (llama-bench's default).
+    Layer,
+    /// Rows of each weight matrix per GPU (needs a split buffer type, which CUDA lacks at this pin).
+    Row,
+    /// Upstream's tensor parallelism.
+    Tensor,
+    /// GPU 0 only.
+    None,
+}
+
+impl SplitMode {
+    fn name(self) -> &'static str {
+        match self {
+            SplitMode::Layer => "layer",
+            SplitMode::Row => "row",
+            SplitMode::Tensor => "tensor",
+            SplitMode::None => "none",
+        }
+    }
+}
+
+/// How the model is spread over GPUs, as given on the command line (empty: llama-bench decides).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Split {
+    mode: Option<SplitMode>,
+    /// Empty when not given.
+    tensor_split: Vec<f64>,
+}
+
+impl Split {
+    fn from_args(args: &BenchArgs) -> Result<Split> {
+        if let Some(bad) = args
+            .tensor_split
+            .iter()
+            .find(|share| !share.is_finite() || **share < 0.0)
+        {
+            bail!("--tensor-split: {bad} is not a share (use non-negative numbers, e.g. 1,1)");
+        }
+        Ok(Split {
+            mode: args.split_mode,
+            tensor_split: args.tensor_split.clone(),
+        })
+    }
+
+    /// llama-bench's -ts syntax: one setting, shares separated by '/' (a ',' would start a
+    /// second setting).
+    fn tensor_split_text(&self) -> String {
+        self.tensor_split
+            .iter()
+            .map(f64::to_string)
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+
+    fn llama_bench_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(mode) = self.mode {
+            args.extend(["-sm".to_owned(), mode.name().to_owned()]);
+        }
+        if !self.tensor_split.is_empty() {
+            args.extend(["-ts".to_owned(), self.tensor_split_text()]);
+        }
+        args
+    }
+
+    /// Words for file names and headers, e.g. ["split-tensor", "ts1-1"]; none when not given.
+    fn tags(&self) -> Vec<String> {
+        let mut tags = Vec::new();
+        if let Some(mode) = self.mode {
+            tags.push(format!("split-{}", mode.name()));
+        }
+        if !self.tensor_split.is_empty() {
+            tags.push(format!("ts{}", self.tensor_split_text().replace('/', "-")));
+        }
+        tags
+    }
 }
 
 /// A model on the overlay build, as `bench` and `parity` take it.
@@ -55,29 +146,37 @@ pub struct GpuModelArgs {
 /// What [`GpuModelArgs::prepare`] made ready.
 pub struct Prepared {
     pub build_dir: PathBuf,
-    /// The requested tool in the build's bin/.
-    pub tool: PathBuf,
     pub model: PathBuf,
+    /// The first visible GPU's name, as nvidia-smi gives it.
+    pub gpu: String,
+}
+
+impl Prepared {
+    /// A binary or library in the build's bin/.
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.build_dir.join("bin").join(name)
+    }
 }
 
 impl GpuModelArgs {
-    /// Checks for a GPU, builds `tool` with the overlay, and finds or writes the model.
+    /// Checks for a GPU, builds the CMake `target` with the overlay, and finds or writes the model.
     pub fn prepare(
         &self,
         sh: &Shell,
         project: &Project,
         command: &str,
-        tool: &str,
+        target: &str,
     ) -> Result<Prepared> {
-        if let Err(why) = doctor::gpus(sh) {
-            bail!("no NVIDIA GPU visible ({why}): cargo xtask {command} runs the CUDA build; run it on a GPU machine");
-        }
+        let gpu = match doctor::gpus(sh) {
+            Ok(gpus) => gpus[0].0.clone(),
+            Err(why) => bail!("no NVIDIA GPU visible ({why}): cargo xtask {command} runs the CUDA build; run it on a GPU machine"),
+        };
         let built = build::build(
             sh,
             project,
             &BuildArgs {
                 arch: self.arch.iter().cloned().collect(),
-                targets: vec![tool.to_owned()],
+                targets: vec![target.to_owned()],
                 host_src: self.host_src.clone(),
                 ..BuildArgs::new("llama.cpp")
             },
@@ -87,9 +186,9 @@ impl GpuModelArgs {
             None => synth::ensure_model(sh, project, self.preset, self.seed)?,
         };
         Ok(Prepared {
-            tool: built.build_dir.join("bin").join(tool),
             build_dir: built.build_dir,
             model,
+            gpu,
         })
     }
 }
@@ -268,6 +367,7 @@ struct BenchResult {
     bandwidth: Bandwidth,
     command: String,
     reps: u32,
+    split: Split,
     tests: Vec<TestResult>,
 }
 
@@ -299,6 +399,7 @@ fn llama_bench(
     model: &Path,
     test: &TestSpec,
     reps: u32,
+    split: &Split,
     env: &[(String, String)],
 ) -> Result<Vec<f64>> {
     let mut args: Vec<std::ffi::OsString> = vec!["-m".into(), model.into()];
@@ -315,6 +416,7 @@ fn llama_bench(
         args.push(a.into());
     }
     args.extend(test.llama_bench_args().into_iter().map(Into::into));
+    args.extend(split.llama_bench_args().into_iter().map(Into::into));
     let (stdout, _) = run_tool(bin, &args, env.iter().map(|(k, v)| (k, v)))?;
     let line = stdout
         .lines()
@@ -361,11 +463,17 @@ fn measure_bandwidth(sh: &Shell, project: &Project, build_dir: &Path) -> Result<
     })
 }
 
-fn today(sh: &Shell) -> Result<String> {
-    Ok(cmd!(sh, "date -u +%F").quiet().read()?.trim().to_owned())
+pub fn today(sh: &Shell) -> Result<String> {
+    Ok(cmd!(sh, "date -u +%F")
+        .quiet()
+        .read()
+        .context("reading the date")?
+        .trim()
+        .to_owned())
 }
 
-fn commit(sh: &Shell, project: &Project) -> String {
+/// The checkout's short commit, with -dirty when it has local changes.
+pub fn commit(sh: &Shell, project: &Project) -> String {
     let root = &project.root;
     let head = cmd!(sh, "git -C {root} rev-parse --short HEAD")
         .quiet()
@@ -385,14 +493,13 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
         .iter()
         .map(|t| TestSpec::parse(t))
         .collect::<Result<Vec<_>>>()?;
-    let Prepared {
-        build_dir,
-        tool: bin,
-        model,
-    } = args.target.prepare(sh, project, "bench", "llama-bench")?;
+    let split = Split::from_args(&args)?;
+    let prepared = args.target.prepare(sh, project, "bench", "llama-bench")?;
+    let bin = prepared.bin("llama-bench");
+    let model = prepared.model;
     let bytes = bytes_per_token(&model)?;
     step("measuring the device's bandwidth");
-    let bandwidth = measure_bandwidth(sh, project, &build_dir)?;
+    let bandwidth = measure_bandwidth(sh, project, &prepared.build_dir)?;
     note(format!(
         "{}: read {:.2} TB/s, copy {:.2} TB/s",
         bandwidth.gpu, bandwidth.read_tbps, bandwidth.copy_tbps
@@ -417,7 +524,7 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
         let mut runs = Vec::new();
         for (setting, env) in &settings {
             step(format!("{} {setting}", test.name()));
-            let samples = llama_bench(&bin, &model, test, args.reps, env)?;
+            let samples = llama_bench(&bin, &model, test, args.reps, &split, env)?;
             runs.push(Run {
                 setting: setting.clone(),
                 env: env.clone(),
@@ -455,21 +562,34 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         reps: args.reps,
         bandwidth,
+        split,
         tests: results,
     };
-    let gpu_slug: String = result
-        .bandwidth
-        .gpu
-        .to_lowercase()
-        .replace(|c: char| !c.is_ascii_alphanumeric(), "-");
-    let file = project
-        .root
-        .join("bench/results")
-        .join(format!("{}-{}-{gpu_slug}.json", result.date, result.commit));
+    let file = project.root.join("bench/results").join(result_file_name(
+        &result.date,
+        &result.commit,
+        &result.bandwidth.gpu,
+        &result.split.tags(),
+        "json",
+    ));
     write_atomic(&file, serde_json::to_string_pretty(&result)?.as_bytes())?;
     print!("{}", table(&result));
     println!("\nresults: {}", file.display());
     Ok(())
+}
+
+/// `<date>-<commit>-<gpu>[-<tag>…].<ext>` for bench/results: tags keep runs of the same day and
+/// commit that differ in setup (split mode, what was measured) from overwriting each other.
+pub fn result_file_name(date: &str, commit: &str, gpu: &str, tags: &[String], ext: &str) -> String {
+    let gpu_slug = gpu
+        .to_lowercase()
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "-");
+    let mut name = format!("{date}-{commit}-{gpu_slug}");
+    for tag in tags {
+        name.push('-');
+        name.push_str(&tag.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_"));
+    }
+    format!("{name}.{ext}")
 }
 
 fn table(r: &BenchResult) -> String {
@@ -477,8 +597,15 @@ fn table(r: &BenchResult) -> String {
         x.map(|v| format!("{:.1}%", v * 100.0))
             .unwrap_or_else(|| "-".into())
     };
+    let mut split = String::new();
+    if let Some(mode) = r.split.mode {
+        split.push_str(&format!(" · split {}", mode.name()));
+    }
+    if !r.split.tensor_split.is_empty() {
+        split.push_str(&format!(" · tensor split {}", r.split.tensor_split_text()));
+    }
     let mut out = format!(
-        "\n{} · {} · {:.3} GB/token · read {:.2} TB/s · floor {:.0} tok/s\n\n| test | stock tok/s | overlay tok/s | ratio | floor share stock | floor share overlay |\n|---|---:|---:|---:|---:|---:|\n",
+        "\n{} · {} · {:.3} GB/token · read {:.2} TB/s · floor {:.0} tok/s{split}\n\n| test | stock tok/s | overlay tok/s | ratio | floor share stock | floor share overlay |\n|---|---:|---:|---:|---:|---:|\n",
         r.bandwidth.gpu,
         r.model,
         r.bytes_per_token / 1e9,
@@ -551,6 +678,45 @@ mod tests {
         assert!(
             text.contains("sh failed") && text.contains("first\nlast"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn split_flags_map_to_llama_bench_and_to_distinct_file_names() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: BenchArgs,
+        }
+        let split = |argv: &[&str]| {
+            let args = Wrap::try_parse_from(["bench"].iter().chain(argv)).map(|w| w.args)?;
+            Split::from_args(&args)
+        };
+        let none = split(&[]).unwrap();
+        assert!(none.llama_bench_args().is_empty() && none.tags().is_empty());
+        let tensor = split(&["--split-mode", "tensor", "--tensor-split", "1,1"]).unwrap();
+        assert_eq!(tensor.llama_bench_args(), ["-sm", "tensor", "-ts", "1/1"]);
+        let layer = split(&["--split-mode", "layer", "--tensor-split", "3,0.5"]).unwrap();
+        assert_eq!(layer.llama_bench_args(), ["-sm", "layer", "-ts", "3/0.5"]);
+        assert_eq!(
+            split(&["--split-mode", "row"]).unwrap().llama_bench_args(),
+            ["-sm", "row"]
+        );
+        assert!(split(&["--split-mode", "columns"]).is_err());
+        assert!(split(&["--tensor-split", "1,-1"]).is_err());
+        assert!(split(&["--tensor-split", "1,x"]).is_err());
+
+        let name =
+            |s: &Split| result_file_name("2026-11-29", "abc1234", "NVIDIA H200", &s.tags(), "json");
+        assert_eq!(name(&none), "2026-11-29-abc1234-nvidia-h200.json");
+        assert_eq!(
+            name(&tensor),
+            "2026-11-29-abc1234-nvidia-h200-split-tensor-ts1-1.json"
+        );
+        assert_eq!(
+            name(&layer),
+            "2026-11-29-abc1234-nvidia-h200-split-layer-ts3-0_5.json"
         );
     }
 

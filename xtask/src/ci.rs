@@ -274,6 +274,7 @@ fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> 
             seed: 1,
             layers: Some(layers),
             experts,
+            tensor_type: Vec::new(),
         };
         synth::run(sh, project, args)?;
         to_run.push(out);

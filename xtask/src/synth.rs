@@ -30,6 +30,29 @@ pub struct SynthArgs {
     /// Fewer experts than the preset (MoE presets; at least the number used per token).
     #[arg(long, value_name = "N")]
     pub experts: Option<u32>,
+    /// Store the tensors whose name contains PATTERN as TYPE (f32, f16, q8_0, q4_k, q6_k), as
+    /// llama-quantize's --tensor-type does; repeatable, the last match wins. E.g.
+    /// `--tensor-type ffn_gate_inp_shexp=f16` for an unquantized checkpoint's gate.
+    #[arg(long, value_name = "PATTERN=TYPE", value_parser = parse_tensor_type)]
+    pub tensor_type: Vec<(String, Quant)>,
+}
+
+fn parse_tensor_type(text: &str) -> Result<(String, Quant)> {
+    let (pattern, name) = text
+        .split_once('=')
+        .with_context(|| format!("{text:?}: use PATTERN=TYPE, e.g. ffn_gate_inp_shexp=f16"))?;
+    let quant = match name.to_ascii_lowercase().as_str() {
+        "f32" => Quant::F32,
+        "f16" => Quant::F16,
+        "q8_0" => Quant::Q8_0,
+        "q4_k" => Quant::Q4K,
+        "q6_k" => Quant::Q6K,
+        other => bail!("{text:?}: unknown type {other:?} (f32, f16, q8_0, q4_k, q6_k)"),
+    };
+    if pattern.is_empty() {
+        bail!("{text:?}: empty pattern");
+    }
+    Ok((pattern.to_owned(), quant))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -50,6 +73,7 @@ pub enum Preset {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Quant {
     F32,
+    F16,
     Q8_0,
     Q4K,
     Q6K,
@@ -59,6 +83,7 @@ impl Quant {
     fn ggml_type(self) -> u32 {
         match self {
             Quant::F32 => 0,
+            Quant::F16 => 1,
             Quant::Q8_0 => 8,
             Quant::Q4K => 12,
             Quant::Q6K => 14,
@@ -68,6 +93,7 @@ impl Quant {
     fn block(self) -> (u64, u64) {
         match self {
             Quant::F32 => (1, 4),
+            Quant::F16 => (1, 2),
             Quant::Q8_0 => (32, 34),
             Quant::Q4K => (256, 144),
             Quant::Q6K => (256, 210),
@@ -159,6 +185,38 @@ impl Model {
             );
         }
         Ok(m)
+    }
+
+    /// Stores the tensors matching each `(pattern, type)` as that type (the last match wins).
+    pub fn override_types(&mut self, overrides: &[(String, Quant)]) -> Result<()> {
+        for (pattern, quant) in overrides {
+            let mut matched = false;
+            for t in self
+                .tensors
+                .iter_mut()
+                .filter(|t| t.name.contains(pattern.as_str()))
+            {
+                let (per, _) = quant.block();
+                if t.dims[0] % per != 0 {
+                    bail!(
+                        "--tensor-type {pattern}={quant:?}: {} has rows of {} values, not whole {per}-value blocks",
+                        t.name,
+                        t.dims[0]
+                    );
+                }
+                if !matches!(t.init, Init::Weight(_)) && !matches!(quant, Quant::F32 | Quant::F16) {
+                    bail!("--tensor-type {pattern}={quant:?}: {} holds norms or constants, which stay F32 or F16", t.name);
+                }
+                t.quant = *quant;
+                matched = true;
+            }
+            if !matched {
+                bail!(
+                    "--tensor-type {pattern}: no tensor of this preset has {pattern:?} in its name"
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Bytes read per decoded token: every dense weight, the LM head, the used experts' share
@@ -530,7 +588,7 @@ fn weight_block(quant: Quant, std: f32, rng: &mut Rng, out: &mut [u8]) {
             out[192..208].fill(8);
             out[208..210].copy_from_slice(&f16_bits(std / (8.0 * 18.47)).to_le_bytes());
         }
-        Quant::F32 => unreachable!("F32 tensors are written value by value"),
+        Quant::F32 | Quant::F16 => unreachable!("float tensors are written value by value"),
     }
 }
 
@@ -546,8 +604,8 @@ fn write_tensor(w: &mut impl Write, t: &Spec, seed: u64) -> Result<()> {
         let n = CHUNK_BLOCKS.min(blocks - done);
         let chunk = &mut buf[..(n * block_bytes) as usize];
         match (t.quant, t.init) {
-            (Quant::F32, init) => {
-                for v in chunk.chunks_mut(4) {
+            (Quant::F32 | Quant::F16, init) => {
+                for v in chunk.chunks_mut(block_bytes as usize) {
                     let x = match init {
                         // Sum of 4 uniforms: close enough to normal for weights.
                         Init::Weight(std) => {
@@ -557,7 +615,11 @@ fn write_tensor(w: &mut impl Write, t: &Spec, seed: u64) -> Result<()> {
                         Init::Norm => 1.0 + 0.1 * (rng.unit() - 0.5),
                         Init::Uniform(lo, hi) => lo + (hi - lo) * rng.unit(),
                     };
-                    v.copy_from_slice(&x.to_le_bytes());
+                    if t.quant == Quant::F16 {
+                        v.copy_from_slice(&f16_bits(x).to_le_bytes());
+                    } else {
+                        v.copy_from_slice(&x.to_le_bytes());
+                    }
                 }
             }
             (quant, Init::Weight(std)) => {
@@ -712,6 +774,7 @@ pub fn ensure_model(sh: &Shell, project: &Project, preset: Preset, seed: u64) ->
                 seed,
                 layers: None,
                 experts: None,
+                tensor_type: Vec::new(),
             },
         )?;
     }
@@ -719,16 +782,18 @@ pub fn ensure_model(sh: &Shell, project: &Project, preset: Preset, seed: u64) ->
 }
 
 pub fn run(sh: &Shell, project: &Project, args: SynthArgs) -> Result<()> {
-    let model = Model::build(args.preset, args.layers, args.experts)?;
+    let mut model = Model::build(args.preset, args.layers, args.experts)?;
+    model.override_types(&args.tensor_type)?;
     let name = preset_name(args.preset);
-    let variant = match (args.layers, args.experts) {
-        (None, None) => String::new(),
-        (l, e) => format!(
-            "{}{}",
-            l.map(|l| format!("-l{l}")).unwrap_or_default(),
-            e.map(|e| format!("-e{e}")).unwrap_or_default()
-        ),
-    };
+    let variant = format!(
+        "{}{}{}",
+        args.layers.map(|l| format!("-l{l}")).unwrap_or_default(),
+        args.experts.map(|e| format!("-e{e}")).unwrap_or_default(),
+        args.tensor_type
+            .iter()
+            .map(|(pattern, quant)| format!("-{pattern}.{quant:?}").to_lowercase())
+            .collect::<String>()
+    );
     let out = args.out.clone().unwrap_or_else(|| {
         project
             .work()
@@ -831,6 +896,53 @@ mod tests {
         }
         assert!(Model::build(Preset::Qwen36_35bA3b, Some(2), Some(4)).is_err());
         assert!(Model::build(Preset::Qwen3_0_6b, None, Some(8)).is_err());
+    }
+
+    #[test]
+    fn tensor_type_overrides() {
+        assert_eq!(
+            parse_tensor_type("ffn_gate_inp_shexp=F16").unwrap(),
+            ("ffn_gate_inp_shexp".to_owned(), Quant::F16)
+        );
+        assert!(parse_tensor_type("ffn_gate_inp_shexp").is_err());
+        assert!(parse_tensor_type("x=q5_k").is_err());
+        assert!(parse_tensor_type("=f16").is_err());
+
+        let mut m = Model::build(Preset::Qwen36_35bA3b, Some(4), Some(8)).unwrap();
+        let before = m.file_bytes();
+        m.override_types(&[("ffn_gate_inp_shexp".into(), Quant::F16)])
+            .unwrap();
+        let gates: Vec<Spec> = m
+            .tensors
+            .iter()
+            .filter(|t| t.name.contains("ffn_gate_inp_shexp"))
+            .cloned()
+            .collect();
+        assert_eq!(gates.len(), 4);
+        assert!(gates.iter().all(|t| t.quant == Quant::F16));
+        assert_eq!(before - m.file_bytes(), 4 * 2048 * 2);
+        // Unknown names, quantized norms and partial blocks are refused.
+        assert!(m.override_types(&[("no_such".into(), Quant::F16)]).is_err());
+        assert!(m
+            .override_types(&[("ssm_norm".into(), Quant::Q8_0)])
+            .is_err());
+        assert!(m.override_types(&[("ssm_a".into(), Quant::Q8_0)]).is_err());
+
+        // F16 values are written as halves, two bytes each, readable back as ~N(0, 0.02).
+        let gate = gates[0].clone();
+        let mut bytes = Vec::new();
+        write_tensor(&mut bytes, &gate, 3).unwrap();
+        assert_eq!(bytes.len() as u64, padded(gate.bytes()));
+        let values: Vec<f32> = bytes[..4096]
+            .chunks(2)
+            .map(|h| half_to_f32(u16::from_le_bytes([h[0], h[1]])))
+            .collect();
+        let std = (values.iter().map(|v| v * v).sum::<f32>() / values.len() as f32).sqrt();
+        assert!((0.015..0.025).contains(&std), "std {std}");
+    }
+
+    fn padded(n: u64) -> u64 {
+        gguf::align(n, gguf::DEFAULT_ALIGNMENT)
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct TestBackendOpsArgs {
     /// Parallel test workers (default: all cores).
     #[arg(long, short)]
     pub jobs: Option<usize>,
+    /// The CUDA device to test against the CPU (test-backend-ops -b), e.g. CUDA1 on a second GPU.
+    #[arg(long, default_value = "CUDA0", value_name = "NAME")]
+    pub backend: String,
 }
 
 impl TestBackendOpsArgs {
@@ -58,6 +61,7 @@ impl TestBackendOpsArgs {
             allow_no_gpu: false,
             host_src: None,
             jobs: None,
+            backend: "CUDA0".to_owned(),
         }
     }
 }
@@ -106,7 +110,14 @@ pub fn run(sh: &Shell, project: &Project, args: TestBackendOpsArgs) -> Result<()
     } else {
         window_names(project)?
     };
-    let output = run_suite(&binary, filter.as_deref(), jobs, &windows, &log)?;
+    let output = run_suite(
+        &binary,
+        &args.backend,
+        filter.as_deref(),
+        jobs,
+        &windows,
+        &log,
+    )?;
     let summary = summarize(&output);
     for line in &summary.lines {
         println!("{line}");
@@ -150,13 +161,14 @@ pub fn window_names(project: &Project) -> Result<Vec<String>> {
 
 fn run_suite(
     binary: &Path,
+    backend: &str,
     filter: Option<&str>,
     jobs: usize,
     windows: &[String],
     log: &Path,
 ) -> Result<String> {
     let mut command = std::process::Command::new(binary);
-    command.args(["test", "-b", "CUDA0", "-j", &jobs.to_string()]);
+    command.args(["test", "-b", backend, "-j", &jobs.to_string()]);
     if let Some(filter) = filter {
         command.args(["-o", filter]);
     }
@@ -168,7 +180,7 @@ fn run_suite(
         command.env(format!("FRT_{name}_SWAP"), "1");
     }
     step(format!(
-        "{} test -b CUDA0 -j {jobs}{} (GGML_CUDA_FLASHRT_NO_CACHE=1 FRT_STATS=1, every window on)",
+        "{} test -b {backend} -j {jobs}{} (GGML_CUDA_FLASHRT_NO_CACHE=1 FRT_STATS=1, every window on)",
         binary.display(),
         filter.map(|f| format!(" -o {f}")).unwrap_or_default()
     ));
