@@ -38,13 +38,13 @@ start=$(date +%s)
     || { tail -30 "$out/build.log"; exit 1; }
 say "flashrt build: $(( $(date +%s) - start )) s"
 # The stock build for step 5 compiles while the tests run (their timing does not matter).
-"$xtask" build --arch 90a --stock --targets llama-completion -j 8 > "$out/build-stock.log" 2>&1 &
+"$xtask" build --arch 90a --stock --targets llama-completion -j 16 > "$out/build-stock.log" 2>&1 &
 stock_build=$!
 "$xtask" test-backend-ops --arch 90a 2>&1 | tee "$out/tbo-flashrt.txt"
 say "test-backend-ops FLASHRT_.*: $(grep -m1 'tests passed' "$out/tbo-flashrt.txt" | xargs)"
 grep -E "FlashRT stats:  " "$out/tbo-flashrt.txt" | head -4 >> "$out/summary.txt" || true
 if [ "${1:-}" = --full ]; then
-    "$xtask" test-backend-ops --arch 90a --full 2>&1 | tee "$out/tbo-full.txt" | tail -12
+    "$xtask" test-backend-ops --arch 90a --full -j 16 2>&1 | tee "$out/tbo-full.txt" | tail -12
     say "test-backend-ops full: $(grep -m1 'tests passed' "$out/tbo-full.txt" | xargs)"
 fi
 
