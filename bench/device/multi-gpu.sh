@@ -7,6 +7,7 @@
 #   3. cargo xtask bench on the full synthetic qwen36-35b-a3b, stock vs overlay A/B/A, for
 #      -sm layer, tensor and row with -ts 1,1 (at this pin CUDA has no split buffer type: row is
 #      expected to fail to load, for stock as for the overlay; the failure is recorded)
+#   4. cargo xtask parity on one GPU: the full synthetic qwen36 and the 4-layer F16-gate model
 # Usage (device, repository root): bench/device/multi-gpu.sh
 # Needs .xtask/device/ carried (see bench/README.md). Writes $OUT/summary.txt as it goes.
 set -euo pipefail
@@ -61,5 +62,21 @@ for sm in layer tensor row; do
 done
 cp bench/results/*.json "$out/" 2>/dev/null || true
 
+echo "== 4. parity, one GPU"
+for model in full f16gate; do
+    model_args=(--preset qwen36-35b-a3b)
+    [ $model = f16gate ] && model_args=(--model "$f16")
+    if CUDA_VISIBLE_DEVICES=0 "$xtask" parity "${model_args[@]}" --arch 90a \
+            --out "$out/parity-$model.tsv" > "$out/parity-$model.log" 2>&1; then
+        verdict=pass
+    else
+        verdict="FAIL: $(grep -m1 '^error' "$out/parity-$model.log")"
+    fi
+    say "parity $model: $verdict"
+    grep -E '^\|' "$out/parity-$model.log" | tee -a "$out/summary.txt"
+done
+
 echo
 cat "$out/summary.txt"
+# One archive: the device tool brings back a limited number of files.
+tar -czf /tmp/multi-gpu.tgz -C "$out" . && mv /tmp/multi-gpu.tgz "$out/all.tgz"

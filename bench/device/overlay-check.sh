@@ -110,3 +110,5 @@ fi
 
 echo
 cat "$out/summary.txt"
+# One archive: the device tool brings back a limited number of files.
+tar -czf /tmp/overlay-check.tgz -C "$out" . && mv /tmp/overlay-check.tgz "$out/all.tgz"

@@ -27,7 +27,10 @@ stock and reference vs stock: max |a-b|, NMSE = sum (a-b)^2 / sum b^2 (b: stock)
 token.
 
 Passes when the overlay's mean NMSE is at most 1.5x the reference's + 1e-12 and its top-1 \
-agreement at most one position below the reference's. NaN/Inf in any run, or runs that saw \
+agreement is below the reference's by at most two binomial standard deviations of it, \
+2*sqrt(n*p*(1-p)) with p the reference's agreement (at least one position): on a model whose \
+reference agrees everywhere that is one position; on a chaotic one (random weights amplify \
+rounding through MoE routing) the agreement itself is a coin toss and the limit says so. NaN/Inf in any run, or runs that saw \
 different tokens, fail.
 
 Per-window switches in the environment (GGML_FLASHRT_NO_<NAME>, FRT_<NAME>_SWAP) reach the \
@@ -319,8 +322,18 @@ const NMSE_FACTOR: f64 = 1.5;
 /// Absolute slack, for a reference pair that happens to be bit-identical (NMSE 0).
 const NMSE_FLOOR: f64 = 1e-12;
 
+/// How many positions of top-1 agreement the overlay may trail the reference by: two binomial
+/// standard deviations of the reference's agreement, at least one. Where the reference agrees
+/// everywhere (a well-conditioned model) that is one position; where rounding alone flips half
+/// the choices (random weights) the count itself is that noisy.
+pub fn top1_allowance(reference: &PairStats) -> usize {
+    let n = reference.positions as f64;
+    let p = reference.top1_same as f64 / n.max(1.0);
+    ((2.0 * (n * p * (1.0 - p)).sqrt()).ceil() as usize).max(1)
+}
+
 /// The pass rule: the overlay's mean NMSE at most 1.5× the reference's (+1e-12), and its top-1
-/// agreement with stock at most one position below the reference's.
+/// agreement with stock at most [`top1_allowance`] positions below the reference's.
 pub fn within_reference(overlay: &PairStats, reference: &PairStats) -> Result<()> {
     let nmse_limit = NMSE_FACTOR * reference.mean_nmse() + NMSE_FLOOR;
     if overlay.mean_nmse() > nmse_limit {
@@ -331,10 +344,11 @@ pub fn within_reference(overlay: &PairStats, reference: &PairStats) -> Result<()
             reference.mean_nmse()
         );
     }
-    let top1_limit = reference.top1_same.saturating_sub(1);
+    let allowance = top1_allowance(reference);
+    let top1_limit = reference.top1_same.saturating_sub(allowance);
     if overlay.top1_same < top1_limit {
         bail!(
-            "top-1 agreement {}/{} is below the reference's {}/{} minus one position",
+            "top-1 agreement {}/{} is below the reference's {}/{} minus {allowance} position(s)",
             overlay.top1_same,
             overlay.positions,
             reference.top1_same,
@@ -368,15 +382,28 @@ pub fn tsv(rows: &[PositionRow]) -> String {
 
 pub fn table(comparison: &Comparison) -> String {
     let mut out = String::from(
-        "| pair | max abs diff | mean NMSE | max NMSE | top-1 agreement |\n|---|---:|---:|---:|---:|\n",
+        "| pair | max abs diff | NMSE at position 0 | mean NMSE | max NMSE | top-1 agreement |\n\
+         |---|---:|---:|---:|---:|---:|\n",
     );
-    for (name, p) in [
-        ("overlay vs stock", &comparison.overlay),
-        ("fusion off vs stock (reference)", &comparison.reference),
+    // Position 0 has no history: its divergence comes from the layers alone, before recurrent
+    // state and the KV cache carry differences forward.
+    let first = comparison.rows.first();
+    for (name, p, nmse0) in [
+        (
+            "overlay vs stock",
+            &comparison.overlay,
+            first.map(|r| r.overlay.nmse),
+        ),
+        (
+            "fusion off vs stock (reference)",
+            &comparison.reference,
+            first.map(|r| r.reference.nmse),
+        ),
     ] {
         out.push_str(&format!(
-            "| {name} | {:.3e} | {:.3e} | {:.3e} | {}/{} ({:.2}%) |\n",
+            "| {name} | {:.3e} | {:.3e} | {:.3e} | {:.3e} | {}/{} ({:.2}%) |\n",
             p.max_abs,
+            nmse0.unwrap_or(f64::NAN),
             p.mean_nmse(),
             p.nmse_max,
             p.top1_same,
@@ -624,7 +651,23 @@ mod tests {
     }
 
     #[test]
-    fn top1_agreement_may_trail_the_reference_by_one_position_only() {
+    fn the_top1_allowance_follows_the_reference_agreement() {
+        let pair = |positions, top1_same| PairStats {
+            positions,
+            top1_same,
+            ..PairStats::default()
+        };
+        assert_eq!(top1_allowance(&pair(256, 256)), 1);
+        assert_eq!(top1_allowance(&pair(256, 255)), 2);
+        // The device's random-weight qwen36: 104/256, two standard deviations are 15.7 positions.
+        assert_eq!(top1_allowance(&pair(256, 104)), 16);
+        within_reference(&pair(256, 88), &pair(256, 104)).unwrap();
+        assert!(within_reference(&pair(256, 87), &pair(256, 104)).is_err());
+        assert!(within_reference(&pair(256, 253), &pair(256, 256)).is_err());
+    }
+
+    #[test]
+    fn top1_agreement_may_trail_a_fully_agreeing_reference_by_one_position() {
         let dir = tempfile::tempdir().unwrap();
         // Stock's top-1 is the last token; lifting the first above it flips the choice. That adds
         // error too, so every other position of both runs gets a change of the same size that
