@@ -7,6 +7,8 @@ export CUDA_VISIBLE_DEVICES=0
 out=${OUT:-/tmp/parity-isolate}
 mkdir -p "$out"
 xtask=.xtask/device/xtask
+# The device's copy of the tree has stale git metadata: results carry the commit of the bundle.
+export FLASHRT_COMMIT=${FLASHRT_COMMIT:-$(cat .xtask/device/commit 2>/dev/null || true)}
 "$xtask" host fetch --host-src .xtask/device/llama.cpp.tar.xz > /dev/null
 models=/tmp/models
 mkdir -p "$models"

@@ -473,7 +473,15 @@ pub fn today(sh: &Shell) -> Result<String> {
 }
 
 /// The checkout's short commit, with -dirty when it has local changes.
+/// The commit results are recorded under: FLASHRT_COMMIT when set (a device copy of the tree
+/// carries stale git metadata, so the device scripts pass the commit the bundle was made at),
+/// else the checkout's HEAD, with -dirty for local changes.
 pub fn commit(sh: &Shell, project: &Project) -> String {
+    if let Ok(commit) = std::env::var("FLASHRT_COMMIT") {
+        if !commit.trim().is_empty() {
+            return commit.trim().to_owned();
+        }
+    }
     let root = &project.root;
     let head = cmd!(sh, "git -C {root} rev-parse --short HEAD")
         .quiet()
