@@ -6,7 +6,7 @@ const char * const flashrt_miss_anchor = "anchor op";
 
 static const flashrt_window flashrt_registry[] = {
     { "GDN_GATED_NORM", flashrt_tier::safe, 900, flashrt_match_gdn_gated_norm, flashrt_run_gdn_gated_norm, nullptr },
-    // full until its device checks and A/B are in (FRT_SHEXP_GATE_SWAP=1 turns it on).
+    // full: no measured gain on qwen36 decode, and F16 gates differ from stock (docs/perf-notes.md).
     { "SHEXP_GATE", flashrt_tier::full, 900, flashrt_match_shexp_gate, flashrt_run_shexp_gate,
       flashrt_prepare_shexp_gate },
 };

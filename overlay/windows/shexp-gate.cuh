@@ -1,6 +1,6 @@
 #pragma once
 
-// Window SHEXP_GATE (tier full until measured on the device): the shared-expert gate of
+// Window SHEXP_GATE (tier full, see docs/perf-notes.md): the shared-expert gate of
 // qwen35moe/qwen3next layers and the residual add that follows,
 //   MUL_MAT(w_gate_shexp, x) -> SIGMOID -> MUL(shexp) -> ADD(moe_out) [-> ADD(residual)]
 // as one kernel. Stock runs it as four (the matvec, SIGMOID, MUL, the fused ADD chain): the
