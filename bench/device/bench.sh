@@ -9,12 +9,8 @@ set -euo pipefail
 # One GPU: on a multi-GPU machine the single-device numbers come from the first (multi-gpu.sh
 # measures the splits).
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-out=${OUT:-/tmp/bench-out}
-mkdir -p "$out"
-xtask=.xtask/device/xtask
-# The device's copy of the tree has stale git metadata: results carry the commit of the bundle.
-export FLASHRT_COMMIT=${FLASHRT_COMMIT:-$(cat .xtask/device/commit 2>/dev/null || true)}
-"$xtask" host fetch --host-src .xtask/device/llama.cpp.tar.xz
+. bench/device/lib.sh
+device_setup bench-out
 "$xtask" bench --preset qwen36-35b-a3b --arch 90a "$@" 2>&1 | tee "$out/bench.log" | grep -v '^\[' | tail -40
 cp bench/results/*.json "$out/"
 status=0

@@ -12,14 +12,8 @@
 # Needs .xtask/device/ carried (see bench/README.md). Writes $OUT/summary.txt as it goes.
 set -euo pipefail
 export FRT_SHEXP_GATE_SWAP=1
-out=${OUT:-/tmp/multi-gpu}
-mkdir -p "$out"
-xtask=.xtask/device/xtask
-# The device's copy of the tree has stale git metadata: results carry the commit of the bundle.
-export FLASHRT_COMMIT=${FLASHRT_COMMIT:-$(cat .xtask/device/commit 2>/dev/null || true)}
-"$xtask" host fetch --host-src .xtask/device/llama.cpp.tar.xz
-: > "$out/summary.txt"
-say() { echo "$*" | tee -a "$out/summary.txt"; }
+. bench/device/lib.sh
+device_setup multi-gpu
 say "GPUs: $(nvidia-smi -L | wc -l) ($(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | xargs))"
 
 echo "== 1. FlashRT cases on CUDA1"
@@ -80,5 +74,4 @@ done
 
 echo
 cat "$out/summary.txt"
-# One archive: the device tool brings back a limited number of files.
-tar -czf /tmp/multi-gpu.tgz -C "$out" . && mv /tmp/multi-gpu.tgz "$out/all.tgz"
+archive_out multi-gpu

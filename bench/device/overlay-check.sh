@@ -15,15 +15,8 @@
 set -euo pipefail
 # Windows of every tier are checked here, not only the default (safe) ones.
 export FRT_SHEXP_GATE_SWAP=1
-out=${OUT:-/tmp/overlay-check}
-mkdir -p "$out"
-xtask=.xtask/device/xtask
-# The device's copy of the tree has stale git metadata: results carry the commit of the bundle.
-export FLASHRT_COMMIT=${FLASHRT_COMMIT:-$(cat .xtask/device/commit 2>/dev/null || true)}
-# The verified pinned tree, carried: the device cannot download it.
-"$xtask" host fetch --host-src .xtask/device/llama.cpp.tar.xz
-: > "$out/summary.txt"
-say() { echo "$*" | tee -a "$out/summary.txt"; }
+. bench/device/lib.sh
+device_setup overlay-check
 
 echo "== 1. vendor kernel unit tests"
 for test in gated-rms-norm gated-residual; do
@@ -112,5 +105,4 @@ fi
 
 echo
 cat "$out/summary.txt"
-# One archive: the device tool brings back a limited number of files.
-tar -czf /tmp/overlay-check.tgz -C "$out" . && mv /tmp/overlay-check.tgz "$out/all.tgz"
+archive_out overlay-check

@@ -4,18 +4,13 @@
 # shared-expert gates. Usage (device, repository root): bench/device/parity-isolate.sh
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=0
-out=${OUT:-/tmp/parity-isolate}
-mkdir -p "$out"
-xtask=.xtask/device/xtask
-# The device's copy of the tree has stale git metadata: results carry the commit of the bundle.
-export FLASHRT_COMMIT=${FLASHRT_COMMIT:-$(cat .xtask/device/commit 2>/dev/null || true)}
-"$xtask" host fetch --host-src .xtask/device/llama.cpp.tar.xz > /dev/null
+. bench/device/lib.sh
+device_setup parity-isolate
 models=/tmp/models
 mkdir -p "$models"
 "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$models/f32gate.gguf" > /dev/null 2>&1
 "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --tensor-type ffn_gate_inp_shexp=f16 \
     --out "$models/f16gate.gguf" > /dev/null 2>&1
-: > "$out/summary.txt"
 # run <model> <tag> <env...>: one parity run, its verdict and table.
 run() {
     local model=$1 tag=$2
@@ -32,4 +27,4 @@ for model in f32gate f16gate; do
     run $model gdn-only FRT_SHEXP_GATE_SWAP=0
     run $model shexp-only FRT_SHEXP_GATE_SWAP=1 GGML_FLASHRT_NO_GDN_GATED_NORM=1
 done
-tar -czf /tmp/parity-isolate.tgz -C "$out" . && mv /tmp/parity-isolate.tgz "$out/all.tgz"
+archive_out parity-isolate

@@ -8,13 +8,8 @@
 # tree from `cargo xtask host pack --out .xtask/device/llama.cpp.tar.xz`.
 set -euo pipefail
 flavor=${1:?usage: smoke.sh flashrt|stock}
-out=${OUT:-/tmp/smoke-out}
-mkdir -p "$out"
-xtask=.xtask/device/xtask
-# The device's copy of the tree has stale git metadata: results carry the commit of the bundle.
-export FLASHRT_COMMIT=${FLASHRT_COMMIT:-$(cat .xtask/device/commit 2>/dev/null || true)}
-# The verified pinned tree, carried: the device cannot download it.
-"$xtask" host fetch --host-src .xtask/device/llama.cpp.tar.xz
+. bench/device/lib.sh
+device_setup smoke-out
 
 stock_flag=()
 [ "$flavor" = stock ] && stock_flag=(--stock)

@@ -1,0 +1,25 @@
+# Sourced by the device scripts: their common set-up, run from the repository root.
+#   device_setup NAME   sets $out ($OUT, or /tmp/NAME) and $xtask (the carried release binary),
+#                       exports FLASHRT_COMMIT and unpacks the carried pinned tree
+#   say TEXT...         prints a line and appends it to $out/summary.txt
+#   archive_out NAME    packs $out into $out/all.tgz (the device tool returns few files)
+
+device_setup() {
+    out=${OUT:-/tmp/$1}
+    mkdir -p "$out"
+    : > "$out/summary.txt"
+    xtask=.xtask/device/xtask
+    # The device's copy of the tree has stale git metadata: results carry the bundle's commit.
+    export FLASHRT_COMMIT=${FLASHRT_COMMIT:-$(cat .xtask/device/commit 2>/dev/null || true)}
+    # The verified pinned tree, carried: the device cannot download it.
+    "$xtask" host fetch --host-src .xtask/device/llama.cpp.tar.xz > "$out/host-fetch.log" 2>&1 \
+        || { cat "$out/host-fetch.log"; return 1; }
+}
+
+say() {
+    echo "$*" | tee -a "$out/summary.txt"
+}
+
+archive_out() {
+    tar -czf "/tmp/$1.tgz" -C "$out" . && mv "/tmp/$1.tgz" "$out/all.tgz"
+}
