@@ -284,7 +284,8 @@ fn type_block(ggml_type: u32) -> Option<(u64, u64)> {
 }
 
 /// Bytes read per decoded token from a GGUF's header: every weight but the token embedding
-/// (one row), experts (`_exps`) at expert_used_count / expert_count.
+/// (one row) and the multi-token-prediction layers, experts (`_exps`) at
+/// expert_used_count / expert_count.
 pub fn bytes_per_token(path: &Path) -> Result<f64> {
     let header = gguf::read_header(path)?;
     let arch = match header.kv.iter().find(|(k, _)| k == "general.architecture") {
@@ -308,9 +309,20 @@ pub fn bytes_per_token(path: &Path) -> Result<f64> {
         (Some(used), Some(all)) if all > 0.0 => used / all,
         _ => 1.0,
     };
+    // Multi-token-prediction layers come last and are not read by ordinary decoding.
+    let first_mtp_block = match (
+        get_u32(format!("{arch}.block_count")),
+        get_u32(format!("{arch}.nextn_predict_layers")),
+    ) {
+        (Some(blocks), Some(nextn)) => (blocks - nextn) as u64,
+        _ => u64::MAX,
+    };
+    let block_of =
+        |name: &str| -> Option<u64> { name.strip_prefix("blk.")?.split('.').next()?.parse().ok() };
     let mut total = 0.0;
     for t in &header.tensors {
-        if t.name == "token_embd.weight" {
+        if t.name == "token_embd.weight" || block_of(&t.name).is_some_and(|b| b >= first_mtp_block)
+        {
             continue;
         }
         let (per, bytes) = type_block(t.ggml_type).with_context(|| {
@@ -738,14 +750,16 @@ mod tests {
     #[test]
     fn bytes_per_token_from_the_header_matches_synth() {
         let dir = tempfile::tempdir().unwrap();
-        let model = synth::Model::build(Preset::Qwen36_35bA3b, Some(2), Some(16)).unwrap();
-        let path = dir.path().join("m.gguf");
-        synth::write_header_only(&model, &path).unwrap();
-        let from_header = bytes_per_token(&path).unwrap();
-        assert!(
-            (from_header - model.bytes_per_token()).abs() < 1.0,
-            "{from_header} vs {}",
-            model.bytes_per_token()
-        );
+        for mtp in [false, true] {
+            let model = synth::Model::build(Preset::Qwen36_35bA3b, Some(2), Some(16), mtp).unwrap();
+            let path = dir.path().join("m.gguf");
+            synth::write_header_only(&model, &path).unwrap();
+            let from_header = bytes_per_token(&path).unwrap();
+            assert!(
+                (from_header - model.bytes_per_token()).abs() < 1.0,
+                "mtp {mtp}: {from_header} vs {}",
+                model.bytes_per_token()
+            );
+        }
     }
 }

@@ -13,7 +13,7 @@ use crate::config::{CellKind, Check, Flavor, Matrix};
 use crate::doctor;
 use crate::patch;
 use crate::project::{step, Project};
-use crate::synth::{self, Preset, SynthArgs};
+use crate::synth::{self, Preset, Quant, SynthArgs};
 use crate::test_backend_ops::{self, TestBackendOpsArgs};
 use crate::toolchain::{self, CudaChoice, Provision};
 
@@ -263,9 +263,17 @@ fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> 
         .run()
         .context("writing a tiny llama GGUF")?;
     let mut to_run = vec![models.join("llama-dense.gguf")];
-    for (preset, layers, experts) in [
-        (Preset::Qwen3_0_6b, 2, None),
-        (Preset::Qwen36_35bA3b, 4, Some(8)),
+    // The qwen36 variant with its MTP layer and F16 shared-expert gates: every tensor the writer
+    // can emit must load.
+    for (preset, layers, experts, mtp, tensor_type) in [
+        (Preset::Qwen3_0_6b, 2, None, false, Vec::new()),
+        (
+            Preset::Qwen36_35bA3b,
+            4,
+            Some(8),
+            true,
+            vec![("ffn_gate_inp_shexp".to_owned(), Quant::F16)],
+        ),
     ] {
         let out = models.join(format!("{preset:?}.gguf"));
         let args = SynthArgs {
@@ -274,7 +282,8 @@ fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> 
             seed: 1,
             layers: Some(layers),
             experts,
-            tensor_type: Vec::new(),
+            tensor_type,
+            mtp,
         };
         synth::run(sh, project, args)?;
         to_run.push(out);

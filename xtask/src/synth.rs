@@ -35,6 +35,10 @@ pub struct SynthArgs {
     /// `--tensor-type ffn_gate_inp_shexp=f16` for an unquantized checkpoint's gate.
     #[arg(long, value_name = "PATTERN=TYPE", value_parser = parse_tensor_type)]
     pub tensor_type: Vec<(String, Quant)>,
+    /// Add one multi-token-prediction (NextN) layer after the trunk, as Qwen3.6 checkpoints
+    /// have (qwen36-35b-a3b only). Decoding does not read it unless MTP drafting is asked for.
+    #[arg(long)]
+    pub mtp: bool,
 }
 
 fn parse_tensor_type(text: &str) -> Result<(String, Quant)> {
@@ -120,6 +124,8 @@ struct Spec {
     init: Init,
     /// Expert weights: only n_used / n_expert of them are read per token.
     expert: bool,
+    /// Part of a multi-token-prediction layer: not read by ordinary decoding.
+    mtp: bool,
 }
 
 impl Spec {
@@ -141,6 +147,7 @@ fn spec(name: String, dims: &[u64], quant: Quant, init: Init) -> Spec {
         quant,
         init,
         expert: false,
+        mtp: false,
     }
 }
 
@@ -160,11 +167,21 @@ fn u32v(v: u64) -> Value {
 }
 
 impl Model {
-    pub fn build(preset: Preset, layers: Option<u32>, experts: Option<u32>) -> Result<Model> {
+    pub fn build(
+        preset: Preset,
+        layers: Option<u32>,
+        experts: Option<u32>,
+        mtp: bool,
+    ) -> Result<Model> {
+        if mtp && preset != Preset::Qwen36_35bA3b {
+            bail!("--mtp: only the qwen36-35b-a3b preset has a multi-token-prediction layer");
+        }
         let m = match preset {
-            Preset::Qwen36_35bA3b => {
-                qwen35moe(layers.unwrap_or(40).into(), experts.unwrap_or(256).into())
-            }
+            Preset::Qwen36_35bA3b => qwen35moe(
+                layers.unwrap_or(40).into(),
+                experts.unwrap_or(256).into(),
+                mtp,
+            ),
             Preset::Qwen3_30bA3b => qwen3(
                 true,
                 layers.unwrap_or(48).into(),
@@ -220,11 +237,11 @@ impl Model {
     }
 
     /// Bytes read per decoded token: every dense weight, the LM head, the used experts' share
-    /// (the token embedding is one row).
+    /// (the token embedding is one row; an MTP layer is not read).
     pub fn bytes_per_token(&self) -> f64 {
         let mut total = 0.0;
         for t in &self.tensors {
-            if t.name == "token_embd.weight" {
+            if t.name == "token_embd.weight" || t.mtp {
                 continue;
             }
             let bytes = t.bytes() as f64;
@@ -318,8 +335,34 @@ fn push_experts(t: &mut Vec<Spec>, il: u64, n_embd: u64, n_ff: u64, n_expert: u6
     }
 }
 
+/// The gated shared expert of a qwen35moe layer (its gate vector F32, as quantizers keep 1-row
+/// tensors).
+fn push_shared_expert(t: &mut Vec<Spec>, il: u64, n_embd: u64, n_ff: u64) {
+    let b = |n: &str| format!("blk.{il}.{n}");
+    t.push(weight(
+        b("ffn_gate_inp_shexp.weight"),
+        &[n_embd],
+        Quant::F32,
+    ));
+    t.push(weight(
+        b("ffn_gate_shexp.weight"),
+        &[n_embd, n_ff],
+        Quant::Q4K,
+    ));
+    t.push(weight(
+        b("ffn_up_shexp.weight"),
+        &[n_embd, n_ff],
+        Quant::Q4K,
+    ));
+    t.push(weight(
+        b("ffn_down_shexp.weight"),
+        &[n_ff, n_embd],
+        Quant::Q6K,
+    ));
+}
+
 /// Qwen3.5/3.6 MoE (qwen35moe): every 4th layer full attention, the others Gated DeltaNet.
-fn qwen35moe(n_layer: u64, n_expert: u64) -> Model {
+fn qwen35moe(n_layer: u64, n_expert: u64, mtp: bool) -> Model {
     let (n_embd, n_vocab, n_ff_exp, n_ff_shexp, n_used) =
         (2048u64, 248320u64, 512u64, 512u64, 8u64);
     let attn = Attention {
@@ -334,7 +377,7 @@ fn qwen35moe(n_layer: u64, n_expert: u64) -> Model {
     let mut kv = vec![
         (format!("{a}.context_length"), u32v(262144)),
         (format!("{a}.embedding_length"), u32v(n_embd)),
-        (format!("{a}.block_count"), u32v(n_layer)),
+        (format!("{a}.block_count"), u32v(n_layer + u64::from(mtp))),
         (format!("{a}.feed_forward_length"), u32v(n_ff_exp)),
         (format!("{a}.expert_feed_forward_length"), u32v(n_ff_exp)),
         (
@@ -357,6 +400,9 @@ fn qwen35moe(n_layer: u64, n_expert: u64) -> Model {
         (format!("{a}.ssm.inner_size"), u32v(value_dim)),
     ];
     kv.extend(attn.kv(a));
+    if mtp {
+        kv.push((format!("{a}.nextn_predict_layers"), u32v(1)));
+    }
     let mut t = embeddings_and_head(n_embd, n_vocab);
     for il in 0..n_layer {
         let b = |n: &str| format!("blk.{il}.{n}");
@@ -413,26 +459,29 @@ fn qwen35moe(n_layer: u64, n_expert: u64) -> Model {
             ));
         }
         push_experts(&mut t, il, n_embd, n_ff_exp, n_expert);
+        push_shared_expert(&mut t, il, n_embd, n_ff_shexp);
+    }
+    if mtp {
+        // The NextN block: a full-attention MoE decoder layer plus the projection that joins the
+        // trunk's hidden state with the next token's embedding.
+        let il = n_layer;
+        let b = |n: &str| format!("blk.{il}.{n}");
+        let first = t.len();
+        t.push(norm(b("attn_norm.weight"), n_embd));
+        t.push(norm(b("post_attention_norm.weight"), n_embd));
+        attn.push(&mut t, il, n_embd);
+        push_experts(&mut t, il, n_embd, n_ff_exp, n_expert);
+        push_shared_expert(&mut t, il, n_embd, n_ff_shexp);
         t.push(weight(
-            b("ffn_gate_inp_shexp.weight"),
-            &[n_embd],
-            Quant::F32,
-        ));
-        t.push(weight(
-            b("ffn_gate_shexp.weight"),
-            &[n_embd, n_ff_shexp],
+            b("nextn.eh_proj.weight"),
+            &[2 * n_embd, n_embd],
             Quant::Q4K,
         ));
-        t.push(weight(
-            b("ffn_up_shexp.weight"),
-            &[n_embd, n_ff_shexp],
-            Quant::Q4K,
-        ));
-        t.push(weight(
-            b("ffn_down_shexp.weight"),
-            &[n_ff_shexp, n_embd],
-            Quant::Q6K,
-        ));
+        t.push(norm(b("nextn.enorm.weight"), n_embd));
+        t.push(norm(b("nextn.hnorm.weight"), n_embd));
+        for spec in &mut t[first..] {
+            spec.mtp = true;
+        }
     }
     Model {
         arch: a,
@@ -775,6 +824,7 @@ pub fn ensure_model(sh: &Shell, project: &Project, preset: Preset, seed: u64) ->
                 layers: None,
                 experts: None,
                 tensor_type: Vec::new(),
+                mtp: false,
             },
         )?;
     }
@@ -782,13 +832,14 @@ pub fn ensure_model(sh: &Shell, project: &Project, preset: Preset, seed: u64) ->
 }
 
 pub fn run(sh: &Shell, project: &Project, args: SynthArgs) -> Result<()> {
-    let mut model = Model::build(args.preset, args.layers, args.experts)?;
+    let mut model = Model::build(args.preset, args.layers, args.experts, args.mtp)?;
     model.override_types(&args.tensor_type)?;
     let name = preset_name(args.preset);
     let variant = format!(
-        "{}{}{}",
+        "{}{}{}{}",
         args.layers.map(|l| format!("-l{l}")).unwrap_or_default(),
         args.experts.map(|e| format!("-e{e}")).unwrap_or_default(),
+        if args.mtp { "-mtp" } else { "" },
         args.tensor_type
             .iter()
             .map(|(pattern, quant)| format!("-{pattern}.{quant:?}").to_lowercase())
@@ -871,7 +922,7 @@ mod tests {
 
     #[test]
     fn preset_shapes_and_bytes_per_token() {
-        let m = Model::build(Preset::Qwen36_35bA3b, None, None).unwrap();
+        let m = Model::build(Preset::Qwen36_35bA3b, None, None, false).unwrap();
         assert_eq!(
             m.tensors
                 .iter()
@@ -894,8 +945,35 @@ mod tests {
             let (per, _) = t.quant.block();
             assert_eq!(t.dims[0] % per, 0, "{} rows are not whole blocks", t.name);
         }
-        assert!(Model::build(Preset::Qwen36_35bA3b, Some(2), Some(4)).is_err());
-        assert!(Model::build(Preset::Qwen3_0_6b, None, Some(8)).is_err());
+        assert!(Model::build(Preset::Qwen36_35bA3b, Some(2), Some(4), false).is_err());
+        assert!(Model::build(Preset::Qwen3_0_6b, None, Some(8), false).is_err());
+
+        // One NextN layer: block_count counts it, nextn_predict_layers names it, decoding skips it.
+        let with_mtp = Model::build(Preset::Qwen36_35bA3b, None, None, true).unwrap();
+        let kv = |m: &Model, key: &str| m.kv.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        assert_eq!(kv(&with_mtp, "qwen35moe.block_count"), Some(Value::U32(41)));
+        assert_eq!(
+            kv(&with_mtp, "qwen35moe.nextn_predict_layers"),
+            Some(Value::U32(1))
+        );
+        assert_eq!(kv(&m, "qwen35moe.nextn_predict_layers"), None);
+        let mtp_names: Vec<&str> = with_mtp
+            .tensors
+            .iter()
+            .filter(|t| t.mtp)
+            .map(|t| t.name.as_str())
+            .collect();
+        assert!(mtp_names.iter().all(|n| n.starts_with("blk.40.")));
+        for name in [
+            "blk.40.nextn.eh_proj.weight",
+            "blk.40.attn_q.weight",
+            "blk.40.ffn_up_exps.weight",
+        ] {
+            assert!(mtp_names.contains(&name), "{name}");
+        }
+        assert!(with_mtp.file_bytes() > m.file_bytes());
+        assert_eq!(with_mtp.bytes_per_token(), m.bytes_per_token());
+        assert!(Model::build(Preset::Qwen3_0_6b, None, None, true).is_err());
     }
 
     #[test]
@@ -908,7 +986,7 @@ mod tests {
         assert!(parse_tensor_type("x=q5_k").is_err());
         assert!(parse_tensor_type("=f16").is_err());
 
-        let mut m = Model::build(Preset::Qwen36_35bA3b, Some(4), Some(8)).unwrap();
+        let mut m = Model::build(Preset::Qwen36_35bA3b, Some(4), Some(8), false).unwrap();
         let before = m.file_bytes();
         m.override_types(&[("ffn_gate_inp_shexp".into(), Quant::F16)])
             .unwrap();
@@ -949,7 +1027,7 @@ mod tests {
     fn writes_a_readable_gguf_the_same_for_the_same_seed() {
         let dir = tempfile::tempdir().unwrap();
         let vocab = tiny_tokenizer(dir.path(), 10);
-        let model = Model::build(Preset::Qwen3_0_6b, Some(1), None).unwrap();
+        let model = Model::build(Preset::Qwen3_0_6b, Some(1), None, false).unwrap();
         let write = |seed: u64, name: &str| {
             let out = dir.path().join(name);
             let tok = tokenizer_kv(&vocab, model.n_vocab).unwrap();
