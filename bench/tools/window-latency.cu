@@ -9,6 +9,10 @@
 //                     SIGMOID, MUL, ADD+ADD (elementwise, 256-thread blocks)
 //   gated-rms-norm    GDN_GATED_NORM's kernel, 32 rows of 128 (one warp per row)
 //   gated-rms-norm 2  the pair it replaces: RMS_NORM+MUL (one block per row), SILU+MUL
+//   ... v2            candidate rewrites (not used by the windows yet): float4 loads, every load
+//                     issued before the reduction, gated-residual spread over n/1024 blocks (each
+//                     recomputes the dot product, so out must not alias x); checked against the
+//                     windows' kernels on the same random inputs, outputs poisoned first
 //
 // Each graph holds `reps` launches of the case (in order, on one stream); the time per case is
 // the median graph replay time / reps. Inputs are random, inputs and outputs stay L2-resident as
@@ -110,6 +114,70 @@ static __global__ void silu_mul(const float * a, const float * z, float * out, i
         const float v = z[i];
         out[i] = a[i] * (v / (1.0f + expf(-v)));
     }
+}
+
+// Candidate: one token, n % 1024 == 0; block b writes elements [1024 b, 1024 (b + 1)).
+static __global__ void gated_residual_v2(const float4 * w, const float4 * x, const float4 * s, const float4 * a,
+                                         const float4 * r, float4 * out, int n4) {
+    const int mine = blockIdx.x * blockDim.x + threadIdx.x;
+    // Independent of the gate: in flight while the dot product is reduced.
+    const float4 sv = s[mine], av = a[mine], rv = r[mine];
+    float dot = 0.0f;
+#pragma unroll 2
+    for (int c = threadIdx.x; c < n4; c += blockDim.x) {
+        const float4 wv = w[c], xv = x[c];
+        dot += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        dot += __shfl_xor_sync(0xffffffff, dot, o);
+    }
+    __shared__ float partial[32];
+    if (threadIdx.x % 32 == 0) {
+        partial[threadIdx.x / 32] = dot;
+    }
+    __syncthreads();
+    dot = 0.0f;
+    for (int k = 0; k < (int) blockDim.x / 32; ++k) {
+        dot += partial[k];
+    }
+    const float g = 1.0f / (1.0f + expf(-dot));
+    out[mine] = make_float4(av.x + sv.x * g + rv.x, av.y + sv.y * g + rv.y, av.z + sv.z * g + rv.z,
+                            av.w + sv.w * g + rv.w);
+}
+
+// Candidate: rows of 128, one warp per row, each lane one float4 of x, z and w, all loaded first.
+static __global__ void gated_rms_norm_v2(const float4 * x, const float4 * w, const float4 * z, float4 * out,
+                                         float eps) {
+    const int i = blockIdx.x * 32 + threadIdx.x;
+    const float4 xv = x[i], zv = z[i], wv = w[threadIdx.x];
+    float ss = xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
+    for (int o = 16; o > 0; o >>= 1) {
+        ss += __shfl_xor_sync(0xffffffff, ss, o);
+    }
+    const float scale = rsqrtf(ss / 128.0f + eps);
+    const auto gate = [](float v) { return v / (1.0f + expf(-v)); };
+    out[i] = make_float4(scale * xv.x * wv.x * gate(zv.x), scale * xv.y * wv.y * gate(zv.y),
+                         scale * xv.z * wv.z * gate(zv.z), scale * xv.w * wv.w * gate(zv.w));
+}
+
+// Largest |got - want| / max |want| over n floats (NaN: a poisoned element was never written).
+static double rel_diff(const float * got, const float * want, size_t n) {
+    std::vector<float> g(n), w(n);
+    CHECK(cudaMemcpy(g.data(), got, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(w.data(), want, n * sizeof(float), cudaMemcpyDeviceToHost));
+    double max_diff = 0.0, max_want = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(g[i])) {
+            return NAN;
+        }
+        max_diff = std::max(max_diff, (double) std::fabs(g[i] - w[i]));
+        max_want = std::max(max_want, (double) std::fabs(w[i]));
+    }
+    return max_diff / max_want;
+}
+
+static void poison(float * d, size_t n) {
+    CHECK(cudaMemset(d, 0xff, n * sizeof(float)));  // all-ones bytes: NaN
 }
 
 static float * device_random(size_t n, std::mt19937 & rng) {
@@ -222,6 +290,35 @@ int main() {
                             silu_mul<<<(nel + eb - 1) / eb, eb, 0, stream>>>(nnormed, nz, nout, nel);
                         }) });
 
+    // The candidates, after checking them against the windows' kernels on these inputs.
+    float * want = device_random(n, rng);
+    gr.out = want;
+    CHECK(frt_gated_residual_f32(gr, stream));
+    poison(out, n);
+    gated_residual_v2<<<n / 1024, 256, 0, stream>>>((const float4 *) w, (const float4 *) x, (const float4 *) s,
+                                                   (const float4 *) a, (const float4 *) r, (float4 *) out, n / 4);
+    CHECK(cudaStreamSynchronize(stream));
+    const double gr_diff = rel_diff(out, want, n);
+    gr.out = out;
+    float * nwant = device_random(nel, rng);
+    gn.out = nwant;
+    CHECK(frt_gated_rms_norm_f32(gn, stream));
+    poison(nout, nel);
+    gated_rms_norm_v2<<<nrows, 32, 0, stream>>>((const float4 *) nx, (const float4 *) nw, (const float4 *) nz,
+                                               (float4 *) nout, 1e-6f);
+    CHECK(cudaStreamSynchronize(stream));
+    const double gn_diff = rel_diff(nout, nwant, nel);
+    gn.out = nout;
+    results.push_back({ "gated-residual v2 (candidate)", 1, us_per_case(stream, reps, [&] {
+                            gated_residual_v2<<<n / 1024, 256, 0, stream>>>(
+                                (const float4 *) w, (const float4 *) x, (const float4 *) s, (const float4 *) a,
+                                (const float4 *) r, (float4 *) out, n / 4);
+                        }) });
+    results.push_back({ "gated-rms-norm v2 (candidate)", 1, us_per_case(stream, reps, [&] {
+                            gated_rms_norm_v2<<<nrows, 32, 0, stream>>>((const float4 *) nx, (const float4 *) nw,
+                                                                       (const float4 *) nz, (float4 *) nout, 1e-6f);
+                        }) });
+
     cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("%s, CUDA graphs of %d cases each, median of 200 replays\n\n", prop.name, reps);
@@ -229,5 +326,11 @@ int main() {
     for (const result & res : results) {
         std::printf("| %s | %d | %.2f | %.2f |\n", res.name, res.launches, res.us, res.us / res.launches);
     }
-    return 0;
+    std::printf("\ncandidates vs the windows' kernels (max |diff| / max |ref|): gated-residual v2 %.2e, "
+                "gated-rms-norm v2 %.2e\n", gr_diff, gn_diff);
+    const bool ok = gr_diff < 1e-5 && gn_diff < 1e-5;  // NaN fails too
+    if (!ok) {
+        std::printf("CANDIDATE MISMATCH\n");
+    }
+    return ok ? 0 : 1;
 }
