@@ -30,6 +30,11 @@ pub struct BenchArgs {
     /// Repetitions per llama-bench run.
     #[arg(long, default_value_t = 5)]
     pub reps: u32,
+    /// Rounds of stock/overlay (and the sweep's settings), closed by a last stock run: A B A B … A.
+    /// More rounds resolve smaller effects: drift between runs is a few percent on these machines,
+    /// and each round's ratio is taken against the stock runs on either side of it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
     /// How llama-bench spreads the model over the visible GPUs (its -sm; left to llama-bench, which
     /// splits by layer, when not given). `row` fails to load at this pin ("does not support split
     /// buffers"): CUDA has no split buffer type there.
@@ -354,6 +359,8 @@ struct Bandwidth {
 struct Run {
     setting: String,
     env: Vec<(String, String)>,
+    /// 1-based; the closing stock run has round `rounds + 1`.
+    round: u32,
     samples_ts: Vec<f64>,
     median_ts: f64,
 }
@@ -362,9 +369,15 @@ struct Run {
 struct TestResult {
     test: String,
     runs: Vec<Run>,
+    /// Medians over every sample of every round.
     stock_ts: f64,
     overlay_ts: f64,
     ratio: f64,
+    /// The spread of the per-round ratios (overlay against the stock runs around it).
+    round_ratio_min: f64,
+    round_ratio_max: f64,
+    /// The sweep: the overlay without each window, median tok/s.
+    without: Vec<(String, f64)>,
     /// Generation only: tok/s × bytes per token / read bandwidth.
     overlay_floor_share: Option<f64>,
     stock_floor_share: Option<f64>,
@@ -379,6 +392,7 @@ struct BenchResult {
     bandwidth: Bandwidth,
     command: String,
     reps: u32,
+    rounds: u32,
     split: Split,
     tests: Vec<TestResult>,
 }
@@ -507,6 +521,70 @@ pub fn commit(sh: &Shell, project: &Project) -> String {
     format!("{}{}", head.trim(), if dirty { "-dirty" } else { "" })
 }
 
+/// One llama-bench run of the schedule: a setting (its name and switches) in a round.
+#[derive(Debug, Clone, PartialEq)]
+struct Planned {
+    setting: String,
+    env: Vec<(String, String)>,
+    round: u32,
+}
+
+const STOCK: &str = "stock";
+const OVERLAY: &str = "overlay";
+
+/// The order of the runs for one test: per round stock, overlay, then the overlay without each
+/// of `windows` (the sweep); a last stock run closes the series, so every overlay run has stock
+/// runs on both sides.
+fn schedule(rounds: u32, windows: &[String]) -> Vec<Planned> {
+    let disabled = vec![("GGML_CUDA_FLASHRT_DISABLE".to_owned(), "1".to_owned())];
+    let stock = |round| Planned {
+        setting: STOCK.into(),
+        env: disabled.clone(),
+        round,
+    };
+    let mut plan = Vec::new();
+    for round in 1..=rounds {
+        plan.push(stock(round));
+        plan.push(Planned {
+            setting: OVERLAY.into(),
+            env: Vec::new(),
+            round,
+        });
+        for name in windows {
+            plan.push(Planned {
+                setting: format!("overlay without {name}"),
+                env: vec![(format!("GGML_FLASHRT_NO_{name}"), "1".into())],
+                round,
+            });
+        }
+    }
+    plan.push(stock(rounds + 1));
+    plan
+}
+
+/// Median of every sample of `setting` over all rounds.
+fn setting_median(runs: &[Run], setting: &str) -> f64 {
+    let samples: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.setting == setting)
+        .flat_map(|r| r.samples_ts.iter().copied())
+        .collect();
+    median(&samples)
+}
+
+/// Each round's overlay median against the mean of the stock medians before and after it.
+fn round_ratios(runs: &[Run]) -> Vec<f64> {
+    let stock: Vec<&Run> = runs.iter().filter(|r| r.setting == STOCK).collect();
+    runs.iter()
+        .filter(|r| r.setting == OVERLAY)
+        .filter_map(|overlay| {
+            let before = stock.iter().find(|s| s.round == overlay.round)?;
+            let after = stock.iter().find(|s| s.round == overlay.round + 1)?;
+            Some(overlay.median_ts / ((before.median_ts + after.median_ts) / 2.0))
+        })
+        .collect()
+}
+
 pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
     let tests = args
         .tests
@@ -525,51 +603,57 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
         bandwidth.gpu, bandwidth.read_tbps, bandwidth.copy_tbps
     ));
 
-    let disabled = vec![("GGML_CUDA_FLASHRT_DISABLE".to_owned(), "1".to_owned())];
-    let mut settings: Vec<(String, Vec<(String, String)>)> = vec![
-        ("stock".into(), disabled.clone()),
-        ("overlay".into(), vec![]),
-        ("stock again".into(), disabled),
-    ];
-    if args.sweep {
-        for name in test_backend_ops::window_names(project)? {
-            settings.push((
-                format!("overlay without {name}"),
-                vec![(format!("GGML_FLASHRT_NO_{name}"), "1".into())],
-            ));
-        }
-    }
+    let windows = if args.sweep {
+        test_backend_ops::window_names(project)?
+    } else {
+        Vec::new()
+    };
+    let plan = schedule(args.rounds, &windows);
     let mut results = Vec::new();
     for test in &tests {
         let mut runs = Vec::new();
-        for (setting, env) in &settings {
-            step(format!("{} {setting}", test.name()));
-            let samples = llama_bench(&bin, &model, test, args.reps, &split, env)?;
+        for planned in &plan {
+            step(format!(
+                "{} {} (round {} of {})",
+                test.name(),
+                planned.setting,
+                planned.round.min(args.rounds),
+                args.rounds
+            ));
+            let samples = llama_bench(&bin, &model, test, args.reps, &split, &planned.env)?;
             runs.push(Run {
-                setting: setting.clone(),
-                env: env.clone(),
+                setting: planned.setting.clone(),
+                env: planned.env.clone(),
+                round: planned.round,
                 median_ts: median(&samples),
                 samples_ts: samples,
             });
         }
-        let stock_samples: Vec<f64> = runs
-            .iter()
-            .filter(|r| r.setting.starts_with("stock"))
-            .flat_map(|r| r.samples_ts.iter().copied())
-            .collect();
-        let stock_ts = median(&stock_samples);
-        let overlay_ts = runs[1].median_ts;
+        let stock_ts = setting_median(&runs, STOCK);
+        let overlay_ts = setting_median(&runs, OVERLAY);
+        let ratios = round_ratios(&runs);
         let share = |ts: f64| {
             test.generate
                 .then(|| ts * bytes / (bandwidth.read_tbps * 1e12))
         };
+        let without: Vec<(String, f64)> = windows
+            .iter()
+            .map(|name| {
+                let setting = format!("overlay without {name}");
+                let ts = setting_median(&runs, &setting);
+                (setting, ts)
+            })
+            .collect();
         results.push(TestResult {
             test: test.name(),
             stock_ts,
             overlay_ts,
             ratio: overlay_ts / stock_ts,
+            round_ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            round_ratio_max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             overlay_floor_share: share(overlay_ts),
             stock_floor_share: share(stock_ts),
+            without,
             runs,
         });
     }
@@ -581,6 +665,7 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
         bytes_per_token: bytes,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         reps: args.reps,
+        rounds: args.rounds,
         bandwidth,
         split,
         tests: results,
@@ -625,30 +710,32 @@ fn table(r: &BenchResult) -> String {
         split.push_str(&format!(" · tensor split {}", r.split.tensor_split_text()));
     }
     let mut out = format!(
-        "\n{} · {} · {:.3} GB/token · read {:.2} TB/s · floor {:.0} tok/s{split}\n\n| test | stock tok/s | overlay tok/s | ratio | floor share stock | floor share overlay |\n|---|---:|---:|---:|---:|---:|\n",
+        "\n{} · {} · {:.3} GB/token · read {:.2} TB/s · floor {:.0} tok/s{split} · {} round(s) of {} reps\n\n| test | stock tok/s | overlay tok/s | ratio | ratio per round | floor share stock | floor share overlay |\n|---|---:|---:|---:|---:|---:|---:|\n",
         r.bandwidth.gpu,
         r.model,
         r.bytes_per_token / 1e9,
         r.bandwidth.read_tbps,
-        r.bandwidth.read_tbps * 1e12 / r.bytes_per_token
+        r.bandwidth.read_tbps * 1e12 / r.bytes_per_token,
+        r.rounds,
+        r.reps
     );
     for t in &r.tests {
         out.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.3} | {} | {} |\n",
+            "| {} | {:.1} | {:.1} | {:.3} | {:.3}–{:.3} | {} | {} |\n",
             t.test,
             t.stock_ts,
             t.overlay_ts,
             t.ratio,
+            t.round_ratio_min,
+            t.round_ratio_max,
             pct(t.stock_floor_share),
             pct(t.overlay_floor_share)
         ));
-        for run in t.runs.iter().skip(3) {
+        for (setting, ts) in &t.without {
             out.push_str(&format!(
-                "| {} {} | | {:.1} | {:.3} | | |\n",
+                "| {} {setting} | | {ts:.1} | {:.3} | | | |\n",
                 t.test,
-                run.setting,
-                run.median_ts,
-                run.median_ts / t.stock_ts
+                ts / t.stock_ts
             ));
         }
     }
@@ -738,6 +825,70 @@ mod tests {
             name(&layer),
             "2026-11-29-abc1234-nvidia-h200-split-layer-ts3-0_5.json"
         );
+    }
+
+    fn run(setting: &str, round: u32, samples: &[f64]) -> Run {
+        Run {
+            setting: setting.into(),
+            env: Vec::new(),
+            round,
+            samples_ts: samples.to_vec(),
+            median_ts: median(samples),
+        }
+    }
+
+    #[test]
+    fn the_schedule_interleaves_rounds_and_closes_with_stock() {
+        let names = |plan: &[Planned]| -> Vec<String> {
+            plan.iter()
+                .map(|p| format!("{}@{}", p.setting, p.round))
+                .collect()
+        };
+        assert_eq!(
+            names(&schedule(1, &[])),
+            ["stock@1", "overlay@1", "stock@2"]
+        );
+        let plan = schedule(2, &["GDN".to_owned()]);
+        assert_eq!(
+            names(&plan),
+            [
+                "stock@1",
+                "overlay@1",
+                "overlay without GDN@1",
+                "stock@2",
+                "overlay@2",
+                "overlay without GDN@2",
+                "stock@3"
+            ]
+        );
+        assert_eq!(
+            plan[0].env,
+            [("GGML_CUDA_FLASHRT_DISABLE".to_owned(), "1".to_owned())]
+        );
+        assert!(plan[1].env.is_empty());
+        assert_eq!(
+            plan[2].env,
+            [("GGML_FLASHRT_NO_GDN".to_owned(), "1".to_owned())]
+        );
+    }
+
+    #[test]
+    fn rounds_pool_samples_and_ratio_against_neighbouring_stock_runs() {
+        let runs = [
+            run(STOCK, 1, &[100.0, 102.0]),
+            run(OVERLAY, 1, &[110.0, 112.0]),
+            run(STOCK, 2, &[96.0, 98.0]),
+            run(OVERLAY, 2, &[100.0, 102.0]),
+            run(STOCK, 3, &[100.0, 102.0]),
+        ];
+        assert_eq!(setting_median(&runs, STOCK), 100.0);
+        assert_eq!(setting_median(&runs, OVERLAY), 106.0);
+        let ratios = round_ratios(&runs);
+        assert_eq!(ratios.len(), 2);
+        assert!((ratios[0] - 111.0 / 99.0).abs() < 1e-12, "{ratios:?}");
+        assert!((ratios[1] - 101.0 / 99.0).abs() < 1e-12, "{ratios:?}");
+        // An overlay run without a closing stock run has no ratio.
+        assert_eq!(round_ratios(&runs[..4]).len(), 1);
     }
 
     #[test]
