@@ -2,20 +2,12 @@
 // device to device, bytes read + written). Median of 20 timed runs after warm-up, CUDA events.
 // Prints one JSON line. Built and run by `cargo xtask bench`.
 
+#include "cuda-check.cuh"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        const cudaError_t err_ = (call);                                                         \
-        if (err_ != cudaSuccess) {                                                               \
-            std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, \
-                         __LINE__);                                                              \
-            std::exit(2);                                                                        \
-        }                                                                                        \
-    } while (0)
 
 static __global__ void fill(float4 * p, size_t n, float v) {
     for (size_t i = blockIdx.x * (size_t) blockDim.x + threadIdx.x; i < n; i += (size_t) gridDim.x * blockDim.x) {

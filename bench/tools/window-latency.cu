@@ -24,6 +24,7 @@
 
 #include "gated-residual.cuh"
 #include "gated-rms-norm.cuh"
+#include "cuda-check.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -32,16 +33,6 @@
 #include <functional>
 #include <random>
 #include <vector>
-
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        const cudaError_t err_ = (call);                                                         \
-        if (err_ != cudaSuccess) {                                                               \
-            std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, \
-                         __LINE__);                                                              \
-            std::exit(2);                                                                        \
-        }                                                                                        \
-    } while (0)
 
 static __global__ void empty_kernel() {}
 
