@@ -20,7 +20,7 @@ device_setup overlay-check
 
 echo "== 1. vendor kernel unit tests"
 for test in gated-rms-norm gated-residual; do
-    nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/$test.cu vendor/csrc/tests/test-$test.cu \
+    nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu vendor/csrc/tests/test-$test.cu \
         -o /tmp/test-$test 2>/dev/null
     /tmp/test-$test | tee -a "$out/vendor-tests.txt"
     say "vendor $test: $(tail -1 "$out/vendor-tests.txt")"

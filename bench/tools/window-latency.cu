@@ -19,7 +19,7 @@
 // they do between neighbouring decode kernels. Prints a table.
 //
 // Build and run (device): nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc \
-//     bench/tools/window-latency.cu vendor/csrc/gated-residual.cu vendor/csrc/gated-rms-norm.cu \
+//     bench/tools/window-latency.cu vendor/csrc/gated-residual.cu vendor/csrc/gated-rms-norm.cu vendor/csrc/pdl.cu \
 //     -o /tmp/window-latency && /tmp/window-latency
 
 #include "gated-residual.cuh"

@@ -1,10 +1,13 @@
 #include "gated-residual.cuh"
+#include "pdl.cuh"
 
 // One block per token: the dot product is reduced in the block, then every thread writes the
 // elements it alone read (so out may alias an input).
 static constexpr int block_size = 256;
 
 static __global__ void frt_gated_residual_f32_kernel(const frt_gated_residual_args p) {
+    // The gate vector may be a per-use conversion written by the kernel before: wait first.
+    frt_pdl_wait();
     const int t = blockIdx.x;
     const float * x = p.x + t * p.x_token;
     float dot = 0.0f;
@@ -32,6 +35,7 @@ static __global__ void frt_gated_residual_f32_kernel(const frt_gated_residual_ar
     }
     __syncthreads();
     const float g = gate;
+    frt_pdl_launch_dependents();
 
     const float * s = p.s + t * p.s_token;
     const float * a = p.a + t * p.a_token;
@@ -47,6 +51,5 @@ static __global__ void frt_gated_residual_f32_kernel(const frt_gated_residual_ar
 }
 
 cudaError_t frt_gated_residual_f32(const frt_gated_residual_args & args, cudaStream_t stream) {
-    frt_gated_residual_f32_kernel<<<args.n_tokens, block_size, 0, stream>>>(args);
-    return cudaGetLastError();
+    return frt_launch(frt_gated_residual_f32_kernel, args.n_tokens, block_size, 0, stream, args);
 }

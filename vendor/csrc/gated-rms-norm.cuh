@@ -20,6 +20,8 @@ struct frt_gated_rms_norm_args {
     int64_t       z_row, z_channel, z_sample;
     int64_t       out_row, out_channel, out_sample;
     float         eps;
+    // w is never written by a kernel on the stream (a model weight): it is loaded before the PDL wait.
+    bool          w_constant;
 };
 
 // Launches on `stream`; capture-safe. Returns the launch error, if any.

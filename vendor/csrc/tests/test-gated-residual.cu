@@ -1,6 +1,6 @@
 // Unit test of frt_gated_residual_f32 against a float64 CPU reference, on fresh random inputs,
 // with the output poisoned first; in-place (out = a) too. Needs a GPU:
-//   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/gated-residual.cu \
+//   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
 //        vendor/csrc/tests/test-gated-residual.cu -o test-gated-residual && ./test-gated-residual
 
 #include "gated-residual.cuh"

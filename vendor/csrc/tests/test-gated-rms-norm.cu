@@ -1,6 +1,6 @@
 // Unit test of frt_gated_rms_norm_f32 against a float64 CPU reference, on fresh random inputs,
 // with the output poisoned first. Needs a GPU:
-//   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/gated-rms-norm.cu \
+//   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
 //        vendor/csrc/tests/test-gated-rms-norm.cu -o test-gated-rms-norm && ./test-gated-rms-norm
 
 #include "gated-rms-norm.cuh"
@@ -59,6 +59,8 @@ static int run_case(const shape & s, std::mt19937 & rng) {
     a.z_row = x_row, a.z_channel = x_channel, a.z_sample = x_sample;
     a.out_row = o_row, a.out_channel = o_channel, a.out_sample = o_sample;
     a.eps = eps;
+    // The weight is copied before the launch: both ways of reading it are valid; exercise both.
+    a.w_constant = !s.in_place;
     CHECK(frt_gated_rms_norm_f32(a, 0));
     CHECK(cudaDeviceSynchronize());
     std::vector<float> out(n_o);
@@ -106,6 +108,11 @@ int main() {
         { 33, 1, 1, 1, 0, false },
         { 2048, 3, 1, 1, 0, false },  // the 256-thread path
         { 4096, 2, 2, 1, 16, true },
+        // The float4 path at each width it is built for, partial rows and blocks, aligned padding.
+        { 256, 5, 2, 1, 4, false },
+        { 384, 2, 1, 1, 0, false },
+        { 1024, 3, 1, 1, 0, true },
+        { 100, 7, 1, 1, 0, false },
     };
     int failed = 0;
     for (const shape & s : shapes) failed += run_case(s, rng);

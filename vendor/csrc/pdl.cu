@@ -1,0 +1,11 @@
+#include "pdl.cuh"
+
+#include <cstdlib>
+
+bool frt_pdl_enabled() {
+    static const bool enabled = [] {
+        const char * env = std::getenv("GGML_CUDA_PDL");
+        return env == nullptr || std::atoi(env) != 0;
+    }();
+    return enabled;
+}

@@ -1,0 +1,48 @@
+#pragma once
+
+// Programmatic dependent launch (PDL, sm_90 and newer). ggml-cuda launches its kernels with PDL,
+// so at decode each kernel starts while its predecessor is still finishing and only waits, at
+// griddepcontrol.wait, before it reads what the predecessor wrote. A kernel of ours launched
+// plainly breaks that chain twice: it cannot start early, and the kernel after it starts late.
+//
+// Contract of every kernel launched through frt_launch: call frt_pdl_wait() before the first read
+// of anything an earlier kernel in the stream writes (activations, ids, state), and before the
+// first global write. Reads of data nothing on the stream writes (model weights) may come first:
+// that is the point. frt_pdl_launch_dependents() lets the next kernel start its own prologue; its
+// wait still covers all of this kernel's writes, so it may come before them.
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+static __device__ __forceinline__ void frt_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void frt_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Whether launches use PDL: like ggml-cuda, on unless GGML_CUDA_PDL=0.
+bool frt_pdl_enabled();
+
+// Launches `kernel` on `stream`, with PDL when enabled; returns the launch error. Capture-safe.
+template <typename... Params, typename... Args>
+cudaError_t frt_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args &&... args) {
+    cudaLaunchAttribute attr = {};
+    attr.id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg                          = {};
+    cfg.gridDim                                     = grid;
+    cfg.blockDim                                    = block;
+    cfg.dynamicSmemBytes                            = smem;
+    cfg.stream                                      = stream;
+    cfg.attrs                                       = &attr;
+    cfg.numAttrs                                    = frt_pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
