@@ -9,8 +9,8 @@
 #
 # Usage (device, repository root): bench/device/gemv-stock.sh [flashrt|stock] [gemv-stock options]
 #   e.g. bench/device/gemv-stock.sh flashrt --shapes output,attn_qkv --tokens 1
-# Needs .xtask/device/ carried (see bench/README.md). About a minute of runs after the build (the
-# build itself: ~4.5 min on 16 cores, skipped when already there).
+# Needs .xtask/device/ carried (see bench/README.md). About two minutes of runs after the build
+# (the build itself: ~4.5 min on 16 cores, skipped when already there).
 set -euo pipefail
 flavor=${1:-flashrt}
 case $flavor in

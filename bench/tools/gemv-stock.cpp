@@ -45,7 +45,8 @@
 // Build against a llama.cpp build's ggml (bench/device/gemv-stock.sh does this), one line:
 //   c++ -std=c++17 -O2 -I<llama.cpp>/ggml/include bench/tools/gemv-stock.cpp -o gemv-stock
 //       -pthread -L<build>/bin -lggml -lggml-base -Wl,-rpath,<build>/bin
-// With the overlay's build, run with GGML_CUDA_FLASHRT_DISABLE=1 for stock kernels.
+// With the overlay's build, run with GGML_CUDA_FLASHRT_DISABLE=1 for stock kernels. --device CPU
+// runs the same graphs and checks on ggml's CPU backend (a functional check; its times mean nothing).
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
