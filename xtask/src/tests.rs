@@ -406,11 +406,12 @@ fn apply_is_idempotent_and_mounts_the_overlay() {
 }
 
 #[test]
-fn conflicting_patch_names_patch_and_file_and_leaves_tree_pristine() {
+fn unfit_patch_is_left_as_rejects_and_abort_returns_to_pristine() {
     let f = Fixture::new();
     let sh = Shell::new().unwrap();
     f.author_patch(&sh);
-    // Make the series no longer fit: its context line changes.
+    // Make the series no longer fit: its context line changes, so it fits neither the tree nor
+    // its own preimage and no 3-way merge is possible.
     let series = patch::load_series(&f.project, HOST).unwrap();
     let path = series.dir.join(&series.patches[0]);
     let text = std::fs::read_to_string(&path)
@@ -426,18 +427,37 @@ fn conflicting_patch_names_patch_and_file_and_leaves_tree_pristine() {
         false,
     ));
     assert!(
-        err.contains("0001-engine-answer-42.patch") && err.contains("src/engine.c"),
+        err.contains("0001-engine-answer-42.patch")
+            && err.contains("src/engine.c")
+            && err.contains("rejected hunks in src/engine.c.rej")
+            && err.contains("--continue")
+            && err.contains("--abort"),
         "{err}"
     );
     let tree = f.tree();
-    assert_eq!(
-        git_in(&tree, &["rev-parse", "HEAD"]),
-        git_in(&tree, &["rev-parse", "flashrt-pristine"])
+    let pristine = git_in(&tree, &["rev-parse", "flashrt-pristine"]);
+    assert_eq!(git_in(&tree, &["rev-parse", "HEAD"]), pristine);
+    assert!(tree.join("src/engine.c.rej").is_file());
+    let state = patch::patch_state(&sh, &f.project, &f.host()).unwrap();
+    assert!(
+        state.contains("apply failed at patch 0001-engine-answer-42.patch (1 of 1)")
+            && state.contains("rejected hunks"),
+        "{state}"
     );
+
+    patch::abort_apply(&sh, &f.project, &f.host()).unwrap();
+    assert_eq!(git_in(&tree, &["rev-parse", "HEAD"]), pristine);
     assert_eq!(git_in(&tree, &["status", "--porcelain"]), "");
     assert!(std::fs::read_to_string(tree.join("src/engine.c"))
         .unwrap()
         .contains("return 1;"));
+    let state = patch::patch_state(&sh, &f.project, &f.host()).unwrap();
+    assert!(state.starts_with("not applied"), "{state}");
+    // Nothing left to abort or continue.
+    assert!(err_text(patch::abort_apply(&sh, &f.project, &f.host())).contains("no stopped apply"));
+    assert!(
+        err_text(patch::continue_apply(&sh, &f.project, &f.host())).contains("no stopped apply")
+    );
 }
 
 #[test]
@@ -645,4 +665,439 @@ fn host_src_may_be_an_archive() {
         tree_hash(&f.project.pristine_dir(HOST)).unwrap().digest,
         f.hash
     );
+}
+
+// --- A patch that does not apply: stop, resolve, continue, export -----------------------------
+
+fn commit_all(tree: &Path, message: &str) {
+    git_in(tree, &["commit", "-q", "-a", "-m", message]);
+}
+
+/// Replaces the first `from` in a file, which must hold it.
+fn replace_in(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains(from), "{} lacks {from:?}", path.display());
+    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+}
+
+/// Every file of patches/fake, by name.
+fn series_files(f: &Fixture) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(f.project.patches_dir(HOST))
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&path).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn export(f: &Fixture, sh: &Shell, force: bool) -> anyhow::Result<patch::Exported> {
+    patch::export(sh, &f.project, &f.host(), force)
+}
+
+/// Authors and exports three patches: 0001 makes engine() answer 42, 0002 (on top of it) 43,
+/// 0003 edits the README.
+fn author_three_patches(f: &Fixture, sh: &Shell) -> Vec<String> {
+    patch::ensure_patched(sh, &f.project, &f.host(), None, false).unwrap();
+    let tree = f.tree();
+    replace_in(&tree.join("src/engine.c"), "return 1;", "return 42;");
+    commit_all(&tree, "engine: answer 42");
+    replace_in(&tree.join("src/engine.c"), "return 42;", "return 43;");
+    commit_all(&tree, "engine: answer 43");
+    std::fs::write(tree.join("src/README"), "patched host\n").unwrap();
+    commit_all(&tree, "readme: patched");
+    let exported = export(f, sh, false).unwrap();
+    assert!(exported.dropped.is_empty());
+    assert_eq!(
+        exported.patches,
+        [
+            "0001-engine-answer-42.patch",
+            "0002-engine-answer-43.patch",
+            "0003-readme-patched.patch"
+        ]
+    );
+    exported.patches
+}
+
+/// Changes 0001 to answer 41, so that 0002 (made on top of 42) conflicts, and applies the series.
+/// Returns the apply's error.
+fn stop_at_second_patch(f: &Fixture, sh: &Shell) -> String {
+    replace_in(
+        &f.project
+            .patches_dir(HOST)
+            .join("0001-engine-answer-42.patch"),
+        "+    return 42;",
+        "+    return 41;",
+    );
+    err_text(patch::ensure_patched(
+        sh,
+        &f.project,
+        &f.host(),
+        None,
+        false,
+    ))
+}
+
+/// engine.c with 0002 resolved on top of the changed 0001.
+const ENGINE_43: &str =
+    "int engine(void) {\n    return 43;\n}\n\nint other(void) {\n    return 2;\n}\n";
+
+#[test]
+fn export_on_a_tree_without_the_series_refuses_and_force_says_what_it_drops() {
+    let f = Fixture::new();
+    let sh = Shell::new().unwrap();
+    let names = author_three_patches(&f, &sh);
+    // The tree: back at the pristine commit, the series still in patches/.
+    git_in(&f.tree(), &["reset", "-q", "--hard", "flashrt-pristine"]);
+    let before = series_files(&f);
+
+    let err = err_text(export(&f, &sh, false));
+    assert!(
+        err.contains("holds 0 commit(s) over the pristine pin, the series 3 patch(es)")
+            && names.iter().all(|n| err.contains(n.as_str()))
+            && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(series_files(&f), before);
+
+    let exported = export(&f, &sh, true).unwrap();
+    assert_eq!(exported.dropped, names);
+    assert!(exported.patches.is_empty());
+    assert_eq!(series_files(&f), [("series".to_owned(), Vec::new())]);
+}
+
+#[test]
+fn export_refuses_a_series_changed_since_the_apply() {
+    let f = Fixture::new();
+    let sh = Shell::new().unwrap();
+    f.author_patch(&sh);
+    // Someone else's change to the committed patch (e.g. pulled), not in the tree.
+    let path = f
+        .project
+        .patches_dir(HOST)
+        .join("0001-engine-answer-42.patch");
+    replace_in(&path, "Why: tests.", "Why: tests, reworded upstream.");
+
+    let err = err_text(export(&f, &sh, false));
+    assert!(
+        err.contains("patches/fake changed since the tree was applied")
+            && err.contains("replace patches/fake")
+            && err.contains("--force"),
+        "{err}"
+    );
+    assert!(std::fs::read_to_string(&path)
+        .unwrap()
+        .contains("reworded upstream"));
+
+    let exported = export(&f, &sh, true).unwrap();
+    assert_eq!(exported.patches, ["0001-engine-answer-42.patch"]);
+    assert!(exported.dropped.is_empty());
+    assert!(!std::fs::read_to_string(&path)
+        .unwrap()
+        .contains("reworded upstream"));
+}
+
+#[test]
+fn failed_apply_keeps_earlier_patches_leaves_a_conflict_and_records_it() {
+    let f = Fixture::new();
+    let sh = Shell::new().unwrap();
+    author_three_patches(&f, &sh);
+    let err = stop_at_second_patch(&f, &sh);
+    assert!(
+        err.contains("patch 0002-engine-answer-43.patch (2 of 3) does not apply")
+            && err.contains("src/engine.c")
+            && err.contains("Committed before it: 0001-engine-answer-42.patch")
+            && err.contains("Not applied yet: 0003-readme-patched.patch")
+            && err.contains("a 3-way conflict in src/engine.c")
+            && err.contains("cargo xtask patch apply --host fake --continue")
+            && err.contains("cargo xtask patch export --host fake")
+            && err.contains("--abort"),
+        "{err}"
+    );
+    let tree = f.tree();
+    // 0001 is committed on the pristine commit with its own message.
+    assert_eq!(
+        git_in(&tree, &["rev-parse", "HEAD~1"]),
+        git_in(&tree, &["rev-parse", "flashrt-pristine"])
+    );
+    assert_eq!(
+        git_in(&tree, &["log", "-1", "--format=%s"]),
+        "engine: answer 42"
+    );
+    // 0002 is a conflict between 0001's 41 and its own 43; 0003 is not applied.
+    assert_eq!(
+        git_in(&tree, &["diff", "--name-only", "--diff-filter=U"]),
+        "src/engine.c"
+    );
+    let engine = std::fs::read_to_string(tree.join("src/engine.c")).unwrap();
+    assert!(
+        engine.contains("<<<<<<<")
+            && engine.contains("return 41;")
+            && engine.contains("return 43;"),
+        "{engine}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(tree.join("src/README")).unwrap(),
+        "fake host\n"
+    );
+
+    let state = patch::patch_state(&sh, &f.project, &f.host()).unwrap();
+    assert!(
+        state.starts_with(
+            "apply failed at patch 0002-engine-answer-43.patch (2 of 3), left as a 3-way conflict in src/engine.c"
+        ) && state.contains("--continue")
+            && state.contains("patch export"),
+        "{state}"
+    );
+
+    // Apply and build refuse to clobber it.
+    let err = err_text(patch::ensure_patched(
+        &sh,
+        &f.project,
+        &f.host(),
+        None,
+        false,
+    ));
+    assert!(
+        err.contains("in the middle of an apply")
+            && err.contains("--continue")
+            && err.contains("--force"),
+        "{err}"
+    );
+    assert!(std::fs::read_to_string(tree.join("src/engine.c"))
+        .unwrap()
+        .contains("<<<<<<<"));
+
+    // Export refuses, with or without --force, naming what is missing and how to go on.
+    let before = series_files(&f);
+    for force in [false, true] {
+        let err = err_text(export(&f, &sh, force));
+        assert!(
+            err.contains("0002-engine-answer-43.patch")
+                && err.contains("0003-readme-patched.patch")
+                && err.contains("--continue"),
+            "{err}"
+        );
+    }
+    assert_eq!(series_files(&f), before);
+
+    // --force discards the stopped apply and applies afresh, which stops at the same patch.
+    let err = err_text(patch::ensure_patched(
+        &sh,
+        &f.project,
+        &f.host(),
+        None,
+        true,
+    ));
+    assert!(
+        err.contains("patch 0002-engine-answer-43.patch (2 of 3) does not apply"),
+        "{err}"
+    );
+    assert_eq!(
+        git_in(&tree, &["log", "--format=%s", "flashrt-pristine..HEAD"]),
+        "engine: answer 42"
+    );
+}
+
+#[test]
+fn export_refuses_uncommitted_edits_even_when_forced() {
+    let f = Fixture::new();
+    let sh = Shell::new().unwrap();
+    f.author_patch(&sh);
+    let tree = f.tree();
+    std::fs::write(tree.join("src/README"), "not committed\n").unwrap();
+    let before = series_files(&f);
+    for force in [false, true] {
+        let err = err_text(export(&f, &sh, force));
+        assert!(
+            err.contains("uncommitted changes") && err.contains("src/README"),
+            "{err}"
+        );
+    }
+    assert_eq!(series_files(&f), before);
+    commit_all(&tree, "readme: committed");
+    assert_eq!(export(&f, &sh, false).unwrap().patches.len(), 2);
+}
+
+#[test]
+fn resolved_conflict_continues_and_exports_a_full_series_that_round_trips() {
+    let f = Fixture::new();
+    let sh = Shell::new().unwrap();
+    let names = author_three_patches(&f, &sh);
+    stop_at_second_patch(&f, &sh);
+    let tree = f.tree();
+
+    let err = err_text(patch::continue_apply(&sh, &f.project, &f.host()));
+    assert!(
+        err.contains("still has conflicts") && err.contains("src/engine.c"),
+        "{err}"
+    );
+    std::fs::write(tree.join("src/engine.c"), ENGINE_43).unwrap();
+    git_in(&tree, &["add", "src/engine.c"]);
+    std::fs::write(tree.join("src/engine.c.orig"), "merge leftover\n").unwrap();
+    let err = err_text(patch::continue_apply(&sh, &f.project, &f.host()));
+    assert!(
+        err.contains("not staged") && err.contains("src/engine.c.orig"),
+        "{err}"
+    );
+    std::fs::remove_file(tree.join("src/engine.c.orig")).unwrap();
+
+    patch::continue_apply(&sh, &f.project, &f.host()).unwrap();
+    assert_eq!(
+        git_in(&tree, &["log", "--format=%s", "flashrt-pristine..HEAD"]),
+        "readme: patched\nengine: answer 43\nengine: answer 42"
+    );
+    assert_eq!(
+        std::fs::read_to_string(tree.join("src/README")).unwrap(),
+        "patched host\n"
+    );
+    let state = patch::patch_state(&sh, &f.project, &f.host()).unwrap();
+    assert!(
+        state.contains("0002-engine-answer-43.patch resolved by hand, not exported"),
+        "{state}"
+    );
+
+    // Build refuses the resolved tree until it is exported, and leaves it alone.
+    let head = git_in(&tree, &["rev-parse", "HEAD"]);
+    let err = err_text(patch::ensure_patched(
+        &sh,
+        &f.project,
+        &f.host(),
+        None,
+        false,
+    ));
+    assert!(
+        err.contains("resolved by hand") && err.contains("patch export"),
+        "{err}"
+    );
+    assert_eq!(git_in(&tree, &["rev-parse", "HEAD"]), head);
+
+    let exported = export(&f, &sh, false).unwrap();
+    assert_eq!(exported.patches, names);
+    assert!(exported.dropped.is_empty());
+    let dir = f.project.patches_dir(HOST);
+    let first = std::fs::read_to_string(dir.join(&names[0])).unwrap();
+    let second = std::fs::read_to_string(dir.join(&names[1])).unwrap();
+    assert!(first.contains("+    return 41;"), "{first}");
+    assert!(
+        second.contains("Subject: [PATCH] engine: answer 43")
+            && second.contains("-    return 41;")
+            && second.contains("+    return 43;"),
+        "{second}"
+    );
+
+    patch::check(&sh, &f.project, &f.host(), None).unwrap();
+    patch::ensure_patched(&sh, &f.project, &f.host(), None, false).unwrap();
+    assert_eq!(git_in(&tree, &["rev-parse", "HEAD"]), head);
+    let state = patch::patch_state(&sh, &f.project, &f.host()).unwrap();
+    assert_eq!(state, "3 patch(es) applied, up to date");
+}
+
+#[test]
+fn resolution_committed_with_git_is_taken_by_continue() {
+    let f = Fixture::new();
+    let sh = Shell::new().unwrap();
+    author_three_patches(&f, &sh);
+    stop_at_second_patch(&f, &sh);
+    let tree = f.tree();
+    std::fs::write(tree.join("src/engine.c"), ENGINE_43).unwrap();
+    git_in(&tree, &["add", "src/engine.c"]);
+    // As a `git am` user would: the session commits it and ends.
+    git_in(&tree, &["am", "--continue"]);
+
+    // 0002 is committed, but the apply was not continued: 0003 is missing.
+    let err = err_text(export(&f, &sh, false));
+    assert!(
+        err.contains("was not continued, so 0003-readme-patched.patch is not applied")
+            && err.contains("Exporting now would drop:\n  0003-readme-patched.patch")
+            && err.contains("cargo xtask patch apply --host fake --continue"),
+        "{err}"
+    );
+
+    patch::continue_apply(&sh, &f.project, &f.host()).unwrap();
+    let exported = export(&f, &sh, false).unwrap();
+    assert_eq!(exported.patches.len(), 3);
+    patch::check(&sh, &f.project, &f.host(), None).unwrap();
+
+    // The same with a plain commit of the user's own, inside the session.
+    let f = Fixture::new();
+    author_three_patches(&f, &sh);
+    stop_at_second_patch(&f, &sh);
+    let tree = f.tree();
+    std::fs::write(tree.join("src/engine.c"), ENGINE_43).unwrap();
+    commit_all(&tree, "engine: answer 43 after 41");
+    patch::continue_apply(&sh, &f.project, &f.host()).unwrap();
+    assert!(!tree.join(".git/rebase-apply").exists());
+    let exported = export(&f, &sh, false).unwrap();
+    assert_eq!(
+        exported.patches,
+        [
+            "0001-engine-answer-42.patch",
+            "0002-engine-answer-43-after-41.patch",
+            "0003-readme-patched.patch"
+        ]
+    );
+    patch::check(&sh, &f.project, &f.host(), None).unwrap();
+}
+
+#[test]
+fn patch_that_merges_cleanly_stops_for_review() {
+    let f = Fixture::new();
+    let sh = Shell::new().unwrap();
+    patch::ensure_patched(&sh, &f.project, &f.host(), None, false).unwrap();
+    let tree = f.tree();
+    replace_in(
+        &tree.join("src/engine.c"),
+        "int other(void)",
+        "int other2(void)",
+    );
+    commit_all(&tree, "engine: rename other");
+    replace_in(&tree.join("src/engine.c"), "return 1;", "return 42;");
+    commit_all(&tree, "engine: answer 42");
+    export(&f, &sh, false).unwrap();
+    // 0001 now renames to other3: 0002's context (other2) no longer fits, but merges.
+    replace_in(
+        &f.project
+            .patches_dir(HOST)
+            .join("0001-engine-rename-other.patch"),
+        "+int other2(void) {",
+        "+int other3(void) {",
+    );
+
+    let err = err_text(patch::ensure_patched(
+        &sh,
+        &f.project,
+        &f.host(),
+        None,
+        false,
+    ));
+    assert!(
+        err.contains("0002-engine-answer-42.patch (2 of 2)")
+            && err.contains("a 3-way merge without conflicts")
+            && err.contains("diff --cached"),
+        "{err}"
+    );
+    assert_eq!(
+        git_in(&tree, &["diff", "--cached", "--name-only"]),
+        "src/engine.c"
+    );
+    let engine = std::fs::read_to_string(tree.join("src/engine.c")).unwrap();
+    assert!(
+        engine.contains("int other3(void)") && engine.contains("return 42;"),
+        "{engine}"
+    );
+
+    patch::continue_apply(&sh, &f.project, &f.host()).unwrap();
+    export(&f, &sh, false).unwrap();
+    let second = std::fs::read_to_string(
+        f.project
+            .patches_dir(HOST)
+            .join("0002-engine-answer-42.patch"),
+    )
+    .unwrap();
+    assert!(second.contains(" int other3(void) {"), "{second}");
+    patch::check(&sh, &f.project, &f.host(), None).unwrap();
 }
