@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use xshell::{cmd, Shell};
 
 use crate::build::{self, BuildArgs};
@@ -270,7 +270,7 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// GGUF tensor bytes per element block, for the types llama.cpp models use.
-fn type_block(ggml_type: u32) -> Option<(u64, u64)> {
+pub fn type_block(ggml_type: u32) -> Option<(u64, u64)> {
     Some(match ggml_type {
         0 => (1, 4),      // F32
         1 | 30 => (1, 2), // F16, BF16
@@ -348,11 +348,11 @@ pub fn bytes_per_token(path: &Path) -> Result<f64> {
     Ok(total)
 }
 
-#[derive(Debug, Serialize)]
-struct Bandwidth {
-    gpu: String,
-    read_tbps: f64,
-    copy_tbps: f64,
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Bandwidth {
+    pub gpu: String,
+    pub read_tbps: f64,
+    pub copy_tbps: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -420,7 +420,7 @@ pub fn run_tool<K: AsRef<std::ffi::OsStr>, V: AsRef<std::ffi::OsStr>>(
     Ok((stdout, stderr))
 }
 
-fn llama_bench(
+pub fn llama_bench(
     bin: &Path,
     model: &Path,
     test: &TestSpec,
@@ -462,7 +462,7 @@ fn llama_bench(
     Ok(samples)
 }
 
-fn measure_bandwidth(sh: &Shell, project: &Project, build_dir: &Path) -> Result<Bandwidth> {
+pub fn measure_bandwidth(sh: &Shell, project: &Project, build_dir: &Path) -> Result<Bandwidth> {
     let cuda = toolchain::cuda(sh, project, Provision::Install, CudaChoice::Machine)?;
     let nvcc = &cuda.nvcc.path;
     let source = project.root.join("bench/tools/bandwidth.cu");
@@ -686,6 +686,12 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
 /// `<date>-<commit>-<gpu>[-<tag>…].<ext>` for bench/results: tags keep runs of the same day and
 /// commit that differ in setup (split mode, what was measured) from overwriting each other.
 pub fn result_file_name(date: &str, commit: &str, gpu: &str, tags: &[String], ext: &str) -> String {
+    format!("{}.{ext}", result_stem(date, commit, gpu, tags))
+}
+
+/// `<date>-<commit>-<gpu>[-<tag>…]`: [`result_file_name`] without the extension, also the name
+/// of a results directory.
+pub fn result_stem(date: &str, commit: &str, gpu: &str, tags: &[String]) -> String {
     let gpu_slug = gpu
         .to_lowercase()
         .replace(|c: char| !c.is_ascii_alphanumeric(), "-");
@@ -694,7 +700,7 @@ pub fn result_file_name(date: &str, commit: &str, gpu: &str, tags: &[String], ex
         name.push('-');
         name.push_str(&tag.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_"));
     }
-    format!("{name}.{ext}")
+    name
 }
 
 fn table(r: &BenchResult) -> String {

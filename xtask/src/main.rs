@@ -14,6 +14,7 @@ mod gguf;
 mod host;
 mod parity;
 mod patch;
+mod profile;
 mod project;
 mod synth;
 mod test_backend_ops;
@@ -65,6 +66,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Is the overlay quality-neutral? Overlay-vs-stock divergence against fusion-off-vs-stock.
     Parity(parity::ParityArgs),
+    /// Where decode time goes: a CUPTI kernel trace per step, stock vs overlay, per kernel family.
+    Profile(profile::ProfileArgs),
     /// Summarise a GGML_FLASHRT_DUMP file: window coverage and the ops no window covers.
     Coverage(coverage::CoverageArgs),
     /// Run the CI matrix cells this machine can run.
@@ -96,6 +99,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Synth(args) => synth::run(&sh, &project, args),
         Command::Bench(args) => bench::run(&sh, &project, args),
         Command::Parity(args) => parity::run(&sh, &project, args),
+        Command::Profile(args) => profile::run(&sh, &project, args),
         Command::Coverage(args) => coverage::run(args),
         Command::Ci(args) => ci::run(&sh, &project, args),
     }

@@ -426,7 +426,7 @@ fn cmake_cache_value(cache: &str, key: &str) -> Option<String> {
 }
 
 /// True when `output` is missing or older than any of `inputs`.
-fn is_stale(output: &Path, inputs: &[&Path]) -> Result<bool> {
+pub fn is_stale(output: &Path, inputs: &[&Path]) -> Result<bool> {
     let modified = |path: &Path| {
         path.metadata()
             .and_then(|m| m.modified())
@@ -442,6 +442,17 @@ fn is_stale(output: &Path, inputs: &[&Path]) -> Result<bool> {
         }
     }
     Ok(false)
+}
+
+/// The C++ compiler a CMake build was configured with, and the build's CMakeCache.txt.
+pub fn cmake_cxx_compiler(build_dir: &Path) -> Result<(String, String)> {
+    let cache_path = build_dir.join("CMakeCache.txt");
+    let cache = std::fs::read_to_string(&cache_path)
+        .with_context(|| format!("reading {}", cache_path.display()))?;
+    let cxx = cmake_cache_value(&cache, "CMAKE_CXX_COMPILER")
+        .filter(|c| !c.is_empty())
+        .with_context(|| format!("{} names no CMAKE_CXX_COMPILER", cache_path.display()))?;
+    Ok((cxx, cache))
 }
 
 /// Compiles bench/tools/logits.cpp into `<build>/bin/flashrt-logits` against that build's
@@ -463,12 +474,7 @@ pub fn logits_tool(sh: &Shell, project: &Project, build_dir: &Path) -> Result<Pa
     if !is_stale(&exe, &[&source, &library])? {
         return Ok(exe);
     }
-    let cache_path = build_dir.join("CMakeCache.txt");
-    let cache = std::fs::read_to_string(&cache_path)
-        .with_context(|| format!("reading {}", cache_path.display()))?;
-    let cxx = cmake_cache_value(&cache, "CMAKE_CXX_COMPILER")
-        .filter(|c| !c.is_empty())
-        .with_context(|| format!("{} names no CMAKE_CXX_COMPILER", cache_path.display()))?;
+    let (cxx, cache) = cmake_cxx_compiler(build_dir)?;
     let link_flags: Vec<String> = cmake_cache_value(&cache, "CMAKE_EXE_LINKER_FLAGS")
         .unwrap_or_default()
         .split_whitespace()

@@ -1,0 +1,675 @@
+//! `cargo xtask profile`: where decode time goes, kernel by kernel, stock vs overlay. llama-bench
+//! runs under a CUPTI injection library (bench/tools/cupti-trace.cpp) for each setting; the
+//! traces are cut into decode steps (CUDA graph launches) and summed per kernel family, with the
+//! bytes the matvec kernels read. The instrument every window's README row and perf note cite.
+
+mod kernel_name;
+mod report;
+mod trace;
+mod weights;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use xshell::{cmd, Shell};
+
+use crate::bench::{self, Bandwidth, GpuModelArgs, Split, TestSpec};
+use crate::gguf;
+use crate::parity;
+use crate::project::{note, step, write_atomic, Project};
+use crate::test_backend_ops;
+use crate::toolchain::{self, CudaChoice, Provision};
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Each setting runs llama-bench (-ngl 99 -fa 1 -p 0 -n TOKENS) twice in its own process: without \
+tracing (3 repetitions: the tok/s to quote) and under bench/tools/cupti-trace.cpp, a CUPTI \
+injection library (CUDA_INJECTION64_PATH) that records every kernel, memcpy and memset, CUDA \
+graph replays included (1 repetition; tracing slows the run, kernel durations hold). Settings: \
+stock (GGML_CUDA_FLASHRT_DISABLE=1), overlay, and with --window-off NAME the overlay with \
+GGML_FLASHRT_NO_<NAME>=1.
+
+A decode step is one CUDA graph launch (its kernels carry the launch's correlation id); the \
+steady steps have the most common kernel count, less the first (a cold replay): warm-up and \
+prompt steps have other counts. Per steady step: kernels, span, busy (the union of everything \
+that ran) and idle time, and per kernel family (the function's name, templates dropped, \
+function arguments kept: k_bin_bcast<op_add>) launches, exclusive µs (each kernel from the \
+later of its start and the end of everything before it: kernels overlap under programmatic \
+dependent launch; the families sum to the busy time), share and µs each. Kernels named frt_* \
+are put under their window by overlay/window-kernels.toml.
+
+Matvec launches (mul_mat_vec_q, mul_mat_vec_f) are attributed to the GGUF's tensors from their \
+template arguments (weight type, fusion) and grid (rows, experts), and rated in TB/s against the \
+read bandwidth bench/tools/bandwidth.cu measures; launches that cannot be told apart are listed \
+with the reason (xtask/src/profile/weights.rs documents the mapping).
+
+Writes bench/results/<date>-<commit>-<gpu>-profile[-no-NAME]/profile.md, profile.json and \
+profile.svg (µs per family, one bar per setting). --save-traces DIR keeps the traces and the \
+run's other inputs; --from-traces DIR analyses them again anywhere, without a GPU.")]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub target: GpuModelArgs,
+    /// Tokens decoded per llama-bench run (its -n).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(8..))]
+    pub tokens: u32,
+    /// Also profile the overlay with this window off (GGML_FLASHRT_NO_<NAME>=1): a third column.
+    #[arg(long, value_name = "NAME")]
+    pub window_off: Option<String>,
+    /// Keep the traces and inputs.json in DIR, for --from-traces.
+    #[arg(long, value_name = "DIR")]
+    pub save_traces: Option<PathBuf>,
+    /// Analyse what --save-traces kept in DIR instead of running anything (no GPU needed).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["model", "window_off", "save_traces"])]
+    pub from_traces: Option<PathBuf>,
+}
+
+/// overlay/window-kernels.toml: each window's kernels, by name prefix.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct WindowKernels {
+    prefixes: BTreeMap<String, Vec<String>>,
+}
+
+const WINDOW_KERNELS: &str = "overlay/window-kernels.toml";
+
+impl WindowKernels {
+    pub fn load(project: &Project) -> Result<WindowKernels> {
+        let path = project.root.join(WINDOW_KERNELS);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        WindowKernels::parse(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<WindowKernels> {
+        Ok(toml::from_str(text)?)
+    }
+
+    /// The window a kernel (its function name) belongs to. An overlay kernel (frt_*) that no
+    /// window lists gets a name that says so.
+    pub fn window_of(&self, function: &str) -> Option<String> {
+        let listed = self.prefixes.iter().find(|(_, prefixes)| {
+            prefixes
+                .iter()
+                .any(|p| !p.is_empty() && function.starts_with(p.as_str()))
+        });
+        match listed {
+            Some((window, _)) => Some(window.clone()),
+            None if function.starts_with("frt_") => Some(format!("? (not in {WINDOW_KERNELS})")),
+            None => None,
+        }
+    }
+}
+
+/// Everything a profile is computed from besides the traces; inputs.json under --save-traces.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Inputs {
+    pub date: String,
+    pub commit: String,
+    pub gpu: String,
+    pub model: String,
+    pub command: String,
+    pub tokens: u32,
+    pub bytes_per_token: f64,
+    pub bandwidth: Bandwidth,
+    pub tensors: Vec<weights::WeightTensor>,
+    pub window_off: Option<String>,
+    pub settings: Vec<SettingRun>,
+}
+
+/// One setting's two llama-bench runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SettingRun {
+    pub name: String,
+    pub env: Vec<(String, String)>,
+    pub unprofiled_ts: Vec<f64>,
+    pub profiled_ts: Vec<f64>,
+    /// The trace's file name, next to inputs.json.
+    pub trace: String,
+}
+
+const INPUTS: &str = "inputs.json";
+const UNPROFILED_REPS: u32 = 3;
+const PROFILED_REPS: u32 = 1;
+/// Where the injection library writes its trace.
+const TRACE_ENV: &str = "FRT_CUPTI_TRACE";
+
+/// The settings, each with every switch set explicitly so that one inherited from the caller's
+/// environment cannot blur the comparison.
+fn settings(window_off: Option<&str>) -> Vec<(String, Vec<(String, String)>)> {
+    let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let mut out = vec![
+        (
+            "stock".to_owned(),
+            env(&[("GGML_CUDA_FLASHRT_DISABLE", "1")]),
+        ),
+        (
+            "overlay".to_owned(),
+            env(&[("GGML_CUDA_FLASHRT_DISABLE", "0")]),
+        ),
+    ];
+    if let Some(name) = window_off {
+        let switch = format!("GGML_FLASHRT_NO_{name}");
+        out.push((
+            format!("overlay without {name}"),
+            env(&[("GGML_CUDA_FLASHRT_DISABLE", "0"), (&switch, "1")]),
+        ));
+    }
+    out
+}
+
+/// The results directory's name tags.
+fn tags(window_off: Option<&str>) -> Vec<String> {
+    let mut tags = vec!["profile".to_owned()];
+    tags.extend(window_off.map(|name| format!("no-{name}")));
+    tags
+}
+
+pub fn run(sh: &Shell, project: &Project, args: ProfileArgs) -> Result<()> {
+    let windows = WindowKernels::load(project)?;
+    let (inputs, dir, _scratch) = match &args.from_traces {
+        Some(dir) => {
+            let path = dir.join(INPUTS);
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "reading {} (written by `cargo xtask profile --save-traces {}`)",
+                    path.display(),
+                    dir.display()
+                )
+            })?;
+            let inputs: Inputs = serde_json::from_str(&text)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            (inputs, dir.clone(), None)
+        }
+        None => measure(sh, project, &args)?,
+    };
+    step("reading the traces");
+    let traces = inputs
+        .settings
+        .iter()
+        .map(|s| {
+            let path = dir.join(&s.trace);
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading the {} trace {}", s.name, path.display()))?;
+            trace::parse(&text).with_context(|| format!("the {} trace {}", s.name, path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let profile = report::analyse(&inputs, &traces, &windows)?;
+    let out = project.root.join("bench/results").join(bench::result_stem(
+        &inputs.date,
+        &inputs.commit,
+        &inputs.gpu,
+        &tags(inputs.window_off.as_deref()),
+    ));
+    let markdown = report::markdown(&profile);
+    write_atomic(&out.join("profile.md"), markdown.as_bytes())?;
+    write_atomic(
+        &out.join("profile.json"),
+        serde_json::to_string_pretty(&profile)?.as_bytes(),
+    )?;
+    write_atomic(&out.join("profile.svg"), report::svg(&profile).as_bytes())?;
+    print!("\n{markdown}");
+    println!("\nresults: {}", out.display());
+    Ok(())
+}
+
+/// Runs every setting with and without tracing; returns the inputs, the directory holding the
+/// traces, and the scratch directory that holds it when the traces are not kept.
+fn measure(
+    sh: &Shell,
+    project: &Project,
+    args: &ProfileArgs,
+) -> Result<(Inputs, PathBuf, Option<tempfile::TempDir>)> {
+    if let Some(name) = &args.window_off {
+        let known = test_backend_ops::window_names(project)?;
+        if !known.contains(name) {
+            bail!(
+                "--window-off {name}: no such window (overlay/registry.cu has {})",
+                known.join(", ")
+            );
+        }
+    }
+    let prepared = args.target.prepare(sh, project, "profile", "llama-bench")?;
+    let library = injection_library(sh, project, &prepared.build_dir)?;
+    step("measuring the device's bandwidth");
+    let bandwidth = bench::measure_bandwidth(sh, project, &prepared.build_dir)?;
+    note(format!(
+        "{}: read {:.2} TB/s, copy {:.2} TB/s",
+        bandwidth.gpu, bandwidth.read_tbps, bandwidth.copy_tbps
+    ));
+    let header = gguf::read_header(&prepared.model)?;
+    let (dir, scratch) = match &args.save_traces {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            (std::path::absolute(dir)?, None)
+        }
+        None => {
+            let scratch = project.scratch()?;
+            (scratch.path().to_path_buf(), Some(scratch))
+        }
+    };
+    let test = TestSpec::parse(&format!("tg{}", args.tokens))?;
+    let bin = prepared.bin("llama-bench");
+    let utf8 = |path: &Path| -> Result<String> {
+        path.to_str()
+            .map(str::to_owned)
+            .with_context(|| format!("{} is not UTF-8: use another directory", path.display()))
+    };
+    let mut runs = Vec::new();
+    for (name, env) in settings(args.window_off.as_deref()) {
+        step(format!("{name}: llama-bench tg{}", args.tokens));
+        let unprofiled_ts = bench::llama_bench(
+            &bin,
+            &prepared.model,
+            &test,
+            UNPROFILED_REPS,
+            &Split::default(),
+            &env,
+        )
+        .with_context(|| format!("the {name} run"))?;
+        let file = format!("{}.trace", name.replace(' ', "-"));
+        let path = dir.join(&file);
+        if path.exists() {
+            std::fs::remove_file(&path)
+                .with_context(|| format!("removing the old {}", path.display()))?;
+        }
+        let mut traced = env.clone();
+        traced.push(("CUDA_INJECTION64_PATH".into(), utf8(&library)?));
+        traced.push((TRACE_ENV.into(), utf8(&path)?));
+        step(format!("{name}: llama-bench tg{} traced", args.tokens));
+        let profiled_ts = bench::llama_bench(
+            &bin,
+            &prepared.model,
+            &test,
+            PROFILED_REPS,
+            &Split::default(),
+            &traced,
+        )
+        .with_context(|| format!("the traced {name} run"))?;
+        if !path.is_file() {
+            bail!(
+                "the traced {name} run wrote no trace to {}: the CUDA driver did not load {} \
+                 (CUDA_INJECTION64_PATH); run llama-bench with both variables set to see why",
+                path.display(),
+                library.display()
+            );
+        }
+        runs.push(SettingRun {
+            name,
+            env,
+            unprofiled_ts,
+            profiled_ts,
+            trace: file,
+        });
+    }
+    let inputs = Inputs {
+        date: bench::today(sh)?,
+        commit: bench::commit(sh, project),
+        gpu: prepared.gpu,
+        model: prepared.model.display().to_string(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        tokens: args.tokens,
+        bytes_per_token: bench::bytes_per_token(&prepared.model)?,
+        bandwidth,
+        tensors: weights::weight_tensors(&header),
+        window_off: args.window_off.clone(),
+        settings: runs,
+    };
+    if args.save_traces.is_some() {
+        write_atomic(
+            &dir.join(INPUTS),
+            serde_json::to_string_pretty(&inputs)?.as_bytes(),
+        )?;
+        note(format!("traces and inputs kept in {}", dir.display()));
+    }
+    Ok((inputs, dir, scratch))
+}
+
+/// CUPTI's header directory and library file.
+#[derive(Debug, PartialEq, Eq)]
+struct Cupti {
+    include: PathBuf,
+    library: PathBuf,
+}
+
+/// Where CUPTI lives under a toolkit root: a full toolkit's extras/CUPTI and targets/, or the
+/// nvidia-cuda-cupti wheel's include/ and lib/ (nvidia/cu13).
+const CUPTI_LAYOUTS: &[(&str, &[&str])] = &[
+    (
+        "extras/CUPTI/include",
+        &["extras/CUPTI/lib64", "extras/CUPTI/lib"],
+    ),
+    (
+        "targets/x86_64-linux/include",
+        &["targets/x86_64-linux/lib"],
+    ),
+    ("targets/sbsa-linux/include", &["targets/sbsa-linux/lib"]),
+    ("include", &["lib64", "lib"]),
+];
+
+/// $CUDA_HOME, $CUDA_PATH, the toolkit whose nvcc the builds use, /usr/local/cuda.
+fn cupti_roots(toolkit: &Path) -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(PathBuf::from)
+        .collect();
+    roots.push(toolkit.to_path_buf());
+    roots.push(PathBuf::from("/usr/local/cuda"));
+    let mut unique = Vec::new();
+    for root in roots {
+        if !unique.contains(&root) {
+            unique.push(root);
+        }
+    }
+    unique
+}
+
+/// libcupti.so in `dir`, else its highest versioned name (the wheel ships libcupti.so.13 only).
+fn cupti_library_in(dir: &Path) -> Option<PathBuf> {
+    let plain = dir.join("libcupti.so");
+    if plain.is_file() {
+        return Some(plain);
+    }
+    let mut versioned: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_file()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("libcupti.so."))
+        })
+        .collect();
+    versioned.sort();
+    versioned.pop()
+}
+
+fn find_cupti(roots: &[PathBuf]) -> Result<Cupti> {
+    for root in roots {
+        for (include, libs) in CUPTI_LAYOUTS {
+            let include = root.join(include);
+            if !include.join("cupti.h").is_file() {
+                continue;
+            }
+            if let Some(library) = libs
+                .iter()
+                .find_map(|lib| cupti_library_in(&root.join(lib)))
+            {
+                return Ok(Cupti { include, library });
+            }
+        }
+    }
+    let looked: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    bail!(
+        "CUPTI not found (cupti.h and libcupti.so under extras/CUPTI, targets/*/ or include/ and \
+         lib/ of {}): install the toolkit's CUPTI, or `python3 -m pip install --target DIR \
+         nvidia-cuda-cupti==13.0.*` and set CUDA_HOME=DIR/nvidia/cu13",
+        looked.join(", ")
+    )
+}
+
+/// Compiles bench/tools/cupti-trace.cpp into `<build>/libflashrt-cupti-trace.so` with the build's
+/// C++ compiler against the toolkit's CUPTI (cupti.h needs the toolkit's cuda.h). Skipped while
+/// the library is newer than its source and libcupti.
+fn injection_library(sh: &Shell, project: &Project, build_dir: &Path) -> Result<PathBuf> {
+    let source = project.root.join("bench/tools/cupti-trace.cpp");
+    let cuda = toolchain::cuda(sh, project, Provision::Install, CudaChoice::Machine)?;
+    let cupti = find_cupti(&cupti_roots(&cuda.root))?;
+    let library = build_dir.join("libflashrt-cupti-trace.so");
+    if !parity::is_stale(&library, &[&source, &cupti.library])? {
+        return Ok(library);
+    }
+    let (cxx, _) = parity::cmake_cxx_compiler(build_dir)?;
+    let mut includes = vec![cupti.include.clone()];
+    for dir in [
+        cuda.root.join("include"),
+        cuda.root.join("targets/x86_64-linux/include"),
+        cuda.root.join("targets/sbsa-linux/include"),
+    ] {
+        if dir.join("cuda.h").is_file() && !includes.contains(&dir) {
+            includes.push(dir);
+        }
+    }
+    let includes: Vec<String> = includes
+        .iter()
+        .map(|d| format!("-I{}", d.display()))
+        .collect();
+    let cupti_library = &cupti.library;
+    let cupti_dir = cupti_library
+        .parent()
+        .context("libcupti has no directory")?;
+    // Through a temporary name: a failed compile must not leave a library that looks current.
+    let partial = build_dir.join("libflashrt-cupti-trace.so.partial");
+    step(format!(
+        "compiling bench/tools/cupti-trace.cpp against {}",
+        cupti_library.display()
+    ));
+    cmd!(
+        sh,
+        "{cxx} -std=c++17 -O2 -Wall -Wextra -shared -fPIC {includes...} -o {partial} {source}
+            {cupti_library} -Wl,-rpath,{cupti_dir}"
+    )
+    .run()
+    .context("compiling bench/tools/cupti-trace.cpp")?;
+    std::fs::rename(&partial, &library)
+        .with_context(|| format!("renaming {} into place", partial.display()))?;
+    Ok(library)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn project() -> Project {
+        Project {
+            root: Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap()
+                .to_path_buf(),
+        }
+    }
+
+    #[test]
+    fn every_window_lists_its_kernels_and_every_prefix_names_a_vendor_kernel() {
+        let project = project();
+        let table = WindowKernels::load(&project).unwrap();
+        let mut listed: Vec<&String> = table.prefixes.keys().collect();
+        let mut registered = test_backend_ops::window_names(&project).unwrap();
+        listed.sort();
+        registered.sort();
+        assert_eq!(
+            listed,
+            registered.iter().collect::<Vec<_>>(),
+            "{WINDOW_KERNELS} must list exactly the windows of overlay/registry.cu"
+        );
+        // The kernels the vendor sources define.
+        let mut kernels = Vec::new();
+        for entry in std::fs::read_dir(project.root.join("vendor/csrc")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "cu") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (at, declaration) in text.match_indices("__global__ void ") {
+                    let name: String = text[at + declaration.len()..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    kernels.push(name);
+                }
+            }
+        }
+        assert!(!kernels.is_empty());
+        for (window, prefixes) in &table.prefixes {
+            assert!(!prefixes.is_empty(), "{window} lists no kernel");
+            for prefix in prefixes {
+                assert!(
+                    prefix.starts_with("frt_") && kernels.iter().any(|k| k.starts_with(prefix)),
+                    "{window}: no vendor kernel starts with {prefix:?} (kernels: {kernels:?})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn kernels_map_to_windows_by_prefix() {
+        let table = WindowKernels::parse(
+            "GDN_GATED_NORM = [\"frt_gated_rms_norm\"]\nSHEXP_GATE = [\"frt_gated_residual\", \"frt_x\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            table.window_of("frt_gated_rms_norm_f32_kernel").as_deref(),
+            Some("GDN_GATED_NORM")
+        );
+        assert_eq!(table.window_of("frt_x2").as_deref(), Some("SHEXP_GATE"));
+        assert_eq!(table.window_of("rms_norm_f32"), None);
+        assert!(table
+            .window_of("frt_new_kernel")
+            .unwrap()
+            .contains("not in overlay/window-kernels.toml"));
+        assert!(WindowKernels::parse("GDN = \"frt_a\"\n").is_err());
+    }
+
+    #[test]
+    fn settings_set_every_switch_and_name_their_results() {
+        let two = settings(None);
+        assert_eq!(
+            two.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
+            ["stock", "overlay"]
+        );
+        assert_eq!(
+            two[0].1,
+            [("GGML_CUDA_FLASHRT_DISABLE".to_owned(), "1".to_owned())]
+        );
+        let three = settings(Some("SHEXP_GATE"));
+        assert_eq!(three[2].0, "overlay without SHEXP_GATE");
+        assert_eq!(
+            three[2].1,
+            [
+                ("GGML_CUDA_FLASHRT_DISABLE".to_owned(), "0".to_owned()),
+                ("GGML_FLASHRT_NO_SHEXP_GATE".to_owned(), "1".to_owned())
+            ]
+        );
+        assert_eq!(
+            bench::result_stem("2026-11-30", "abc1234", "NVIDIA H200", &tags(None)),
+            "2026-11-30-abc1234-nvidia-h200-profile"
+        );
+        assert_eq!(
+            bench::result_stem(
+                "2026-11-30",
+                "abc1234",
+                "NVIDIA H200",
+                &tags(Some("SHEXP_GATE"))
+            ),
+            "2026-11-30-abc1234-nvidia-h200-profile-no-SHEXP_GATE"
+        );
+    }
+
+    #[test]
+    fn cupti_is_found_in_a_toolkit_or_the_wheel_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let touch = |rel: &str| {
+            let path = dir.path().join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, "").unwrap();
+        };
+        let roots =
+            |names: &[&str]| -> Vec<PathBuf> { names.iter().map(|n| dir.path().join(n)).collect() };
+        // Nothing anywhere: the message names the places and the fix.
+        let err = format!(
+            "{:#}",
+            find_cupti(&roots(&["none", "toolkit"])).unwrap_err()
+        );
+        assert!(
+            err.contains("toolkit") && err.contains("nvidia-cuda-cupti==13.0.*"),
+            "{err}"
+        );
+        // The wheel: include/ and lib/libcupti.so.13 only.
+        touch("wheel/nvidia/cu13/include/cupti.h");
+        touch("wheel/nvidia/cu13/lib/libcupti.so.13");
+        touch("wheel/nvidia/cu13/lib/libcupti.so.13.0.85");
+        assert_eq!(
+            find_cupti(&roots(&["none", "wheel/nvidia/cu13"])).unwrap(),
+            Cupti {
+                include: dir.path().join("wheel/nvidia/cu13/include"),
+                library: dir.path().join("wheel/nvidia/cu13/lib/libcupti.so.13.0.85"),
+            }
+        );
+        // A full toolkit: extras/CUPTI wins over a header-only include/.
+        touch("toolkit/include/cupti.h");
+        touch("toolkit/extras/CUPTI/include/cupti.h");
+        touch("toolkit/extras/CUPTI/lib64/libcupti.so");
+        touch("toolkit/extras/CUPTI/lib64/libcupti.so.13");
+        assert_eq!(
+            find_cupti(&roots(&["toolkit", "wheel/nvidia/cu13"])).unwrap(),
+            Cupti {
+                include: dir.path().join("toolkit/extras/CUPTI/include"),
+                library: dir.path().join("toolkit/extras/CUPTI/lib64/libcupti.so"),
+            }
+        );
+        // A header without a library is passed over.
+        touch("headers/include/cupti.h");
+        assert!(find_cupti(&roots(&["headers"])).is_err());
+        let toolkit = dir.path().join("toolkit");
+        let found = cupti_roots(&toolkit);
+        assert!(found.contains(&toolkit) && found.contains(&PathBuf::from("/usr/local/cuda")));
+    }
+
+    #[test]
+    fn saved_traces_are_analysed_again_into_the_same_results() {
+        // A minimal saved run: two settings sharing one trace, analysed as --from-traces does.
+        let dir = tempfile::tempdir().unwrap();
+        let trace = "# flashrt-cupti-trace 1\nn 0 _Z3fooILi1EEvv\n\
+            k 0 0 1000 0 7 3 5 1 1 1 32 1 1\nk 0 5000 6000 0 7 4 5 1 1 1 32 1 1\n\
+            k 0 10000 11500 0 7 5 5 1 1 1 32 1 1\ne\n";
+        std::fs::write(dir.path().join("stock.trace"), trace).unwrap();
+        std::fs::write(dir.path().join("overlay.trace"), trace).unwrap();
+        let run = |name: &str| SettingRun {
+            name: name.into(),
+            env: settings(None).into_iter().find(|s| s.0 == name).unwrap().1,
+            unprofiled_ts: vec![250.0],
+            profiled_ts: vec![160.0],
+            trace: format!("{name}.trace"),
+        };
+        let inputs = Inputs {
+            date: "2026-11-30".into(),
+            commit: "abc1234".into(),
+            gpu: "NVIDIA H200".into(),
+            model: "m.gguf".into(),
+            command: "xtask profile".into(),
+            tokens: 64,
+            bytes_per_token: 2e9,
+            bandwidth: Bandwidth {
+                gpu: "NVIDIA H200".into(),
+                read_tbps: 4.38,
+                copy_tbps: 4.28,
+            },
+            tensors: Vec::new(),
+            window_off: None,
+            settings: vec![run("stock"), run("overlay")],
+        };
+        let text = serde_json::to_string(&inputs).unwrap();
+        let back: Inputs = serde_json::from_str(&text).unwrap();
+        let traces: Vec<trace::Trace> = back
+            .settings
+            .iter()
+            .map(|s| {
+                trace::parse(&std::fs::read_to_string(dir.path().join(&s.trace)).unwrap()).unwrap()
+            })
+            .collect();
+        let profile = report::analyse(&back, &traces, &WindowKernels::default()).unwrap();
+        // Steps of 1 kernel each: three launches, the first left out, 1.0 and 1.5 µs.
+        let stock = &profile.settings[0];
+        assert_eq!((stock.steady_steps, stock.kernels_per_step), (2, 1));
+        assert!((stock.busy_us - 1.25).abs() < 1e-12);
+        assert_eq!(stock.period_us, Some(5.0));
+        assert_eq!(stock.families[0].family, "foo");
+        assert_eq!(profile.settings[1].name, "overlay");
+    }
+}

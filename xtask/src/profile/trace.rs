@@ -1,0 +1,466 @@
+//! The traces bench/tools/cupti-trace.cpp writes (its header comment gives the format), cut into
+//! decode steps, and the exclusive-time accounting of overlapping kernels.
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context, Result};
+
+const HEADER: &str = "# flashrt-cupti-trace 1";
+
+/// What a record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activity {
+    Kernel {
+        /// Index into [`Trace::names`].
+        name: usize,
+        grid: [u32; 3],
+        block: [u32; 3],
+    },
+    Memcpy {
+        /// HtoD, DtoH, DtoD, HtoH, PtoP or other.
+        direction: &'static str,
+        bytes: u64,
+    },
+    Memset {
+        bytes: u64,
+    },
+}
+
+/// One thing the GPU ran. Times in ns on CUPTI's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub activity: Activity,
+    pub start: u64,
+    pub end: u64,
+    pub device: u32,
+    pub stream: u32,
+    /// The launching API call's; for a graph's work, the cudaGraphLaunch's.
+    pub correlation: u32,
+    /// The CUDA graph the work ran in; 0 outside graphs.
+    pub graph: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    /// Kernel names, mangled.
+    pub names: Vec<String>,
+    pub records: Vec<Record>,
+    /// Records CUPTI could not deliver (its buffers were full).
+    pub dropped: u64,
+}
+
+const DIRECTIONS: [&str; 6] = ["HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "other"];
+
+/// Parses a whole trace. A trace without its end marker is an error: the traced process did not
+/// exit normally, or CUPTI did not deliver every record.
+pub fn parse(text: &str) -> Result<Trace> {
+    let mut lines = text.lines().enumerate();
+    match lines.next() {
+        Some((_, HEADER)) => {}
+        Some((_, first)) if first.starts_with("# flashrt-cupti-trace") => {
+            bail!("trace format {first:?}; this xtask reads {HEADER:?}: rebuild the injection library")
+        }
+        _ => bail!("not a flashrt-cupti-trace file (no {HEADER:?} line)"),
+    }
+    let mut trace = Trace {
+        names: Vec::new(),
+        records: Vec::new(),
+        dropped: 0,
+    };
+    let mut ended = false;
+    for (index, line) in lines {
+        let at = || format!("trace line {}: {line:?}", index + 1);
+        if ended {
+            bail!("{}: after the end marker", at());
+        }
+        let (tag, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match tag {
+            "n" => {
+                let (id, name) = rest.split_once(' ').with_context(at)?;
+                let id: usize = id.parse().with_context(at)?;
+                if id != trace.names.len() || name.is_empty() {
+                    bail!("{}: name {id} out of order", at());
+                }
+                trace.names.push(name.to_owned());
+            }
+            "k" | "m" | "s" => {
+                let record = parse_record(tag, rest, trace.names.len()).with_context(at)?;
+                trace.records.push(record);
+            }
+            "d" => trace.dropped += rest.parse::<u64>().with_context(at)?,
+            "e" => ended = true,
+            _ => bail!("{}: unknown record", at()),
+        }
+    }
+    if !ended {
+        bail!(
+            "the trace has no end marker: the traced run did not exit normally or CUPTI did not \
+             deliver every record (see the run's stderr for flashrt-cupti-trace lines)"
+        );
+    }
+    Ok(trace)
+}
+
+fn parse_record(tag: &str, rest: &str, names: usize) -> Result<Record> {
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let int = |i: usize| -> Result<u64> {
+        fields
+            .get(i)
+            .with_context(|| format!("field {} missing", i + 1))?
+            .parse::<u64>()
+            .with_context(|| format!("field {} is not a number", i + 1))
+    };
+    let small = |i: usize| -> Result<u32> {
+        u32::try_from(int(i)?).with_context(|| format!("field {} is out of range", i + 1))
+    };
+    let (activity, first_time) = match tag {
+        "k" => {
+            if fields.len() != 13 {
+                bail!("a kernel record has 13 fields, this one {}", fields.len());
+            }
+            let name = usize::try_from(int(0)?)?;
+            if name >= names {
+                bail!("kernel name {name} was not defined");
+            }
+            (
+                Activity::Kernel {
+                    name,
+                    grid: [small(7)?, small(8)?, small(9)?],
+                    block: [small(10)?, small(11)?, small(12)?],
+                },
+                1,
+            )
+        }
+        "m" => {
+            if fields.len() != 8 {
+                bail!("a memcpy record has 8 fields, this one {}", fields.len());
+            }
+            let direction = DIRECTIONS
+                .iter()
+                .find(|d| **d == fields[0])
+                .copied()
+                .unwrap_or("other");
+            (
+                Activity::Memcpy {
+                    direction,
+                    bytes: int(1)?,
+                },
+                2,
+            )
+        }
+        _ => {
+            if fields.len() != 7 {
+                bail!("a memset record has 7 fields, this one {}", fields.len());
+            }
+            (Activity::Memset { bytes: int(0)? }, 1)
+        }
+    };
+    let record = Record {
+        activity,
+        start: int(first_time)?,
+        end: int(first_time + 1)?,
+        device: small(first_time + 2)?,
+        stream: small(first_time + 3)?,
+        correlation: small(first_time + 4)?,
+        graph: small(first_time + 5)?,
+    };
+    if record.end < record.start {
+        bail!("ends before it starts");
+    }
+    Ok(record)
+}
+
+/// One replay of a CUDA graph: a decode step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The cudaGraphLaunch's correlation id.
+    pub correlation: u32,
+    /// Indices into [`Trace::records`], by start time.
+    pub records: Vec<usize>,
+    pub kernels: usize,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// The trace's graph launches in time order, and how many records ran outside any graph
+/// (ggml-cuda's eager warm-up, input and output copies).
+pub fn graph_steps(trace: &Trace) -> (Vec<Step>, usize) {
+    let mut launches: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    let mut outside = 0;
+    for (i, record) in trace.records.iter().enumerate() {
+        if record.graph == 0 {
+            outside += 1;
+        } else {
+            launches.entry(record.correlation).or_default().push(i);
+        }
+    }
+    let mut steps: Vec<Step> = launches
+        .into_iter()
+        .map(|(correlation, mut records)| {
+            let r = &trace.records;
+            records.sort_by_key(|&i| (r[i].start, r[i].end));
+            Step {
+                correlation,
+                kernels: records
+                    .iter()
+                    .filter(|&&i| matches!(r[i].activity, Activity::Kernel { .. }))
+                    .count(),
+                start: records.iter().map(|&i| r[i].start).min().unwrap_or(0),
+                end: records.iter().map(|&i| r[i].end).max().unwrap_or(0),
+                records,
+            }
+        })
+        .collect();
+    steps.sort_by_key(|s| (s.start, s.correlation));
+    (steps, outside)
+}
+
+/// Which steps are the steady decode steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Steady {
+    /// The most common kernel count per step.
+    pub kernels_per_step: usize,
+    /// Indices into the steps.
+    pub steps: Vec<usize>,
+    /// Steps with other kernel counts: (kernels, how many steps).
+    pub other: Vec<(usize, usize)>,
+}
+
+/// The steps whose kernel count is the most common one (ties: the count seen last, the tail),
+/// less the first of them: the first replay after a capture runs cold. Prompt and warm-up steps
+/// have other counts and are left out.
+pub fn steady_steps(steps: &[Step]) -> Result<Steady> {
+    if steps.is_empty() {
+        bail!(
+            "no work ran from a CUDA graph: ggml-cuda evaluated every step eagerly (is \
+             GGML_CUDA_DISABLE_GRAPHS set?); profile cuts decode steps at graph launches"
+        );
+    }
+    let mut counts: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        let entry = counts.entry(step.kernels).or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 = i;
+    }
+    let (&mode, _) = counts
+        .iter()
+        .max_by_key(|(_, &(n, last))| (n, last))
+        .context("no steps")?;
+    let mut chosen: Vec<usize> = (0..steps.len())
+        .filter(|&i| steps[i].kernels == mode)
+        .collect();
+    if chosen.len() >= 3 {
+        chosen.remove(0);
+    }
+    Ok(Steady {
+        kernels_per_step: mode,
+        steps: chosen,
+        other: counts
+            .iter()
+            .filter(|(&k, _)| k != mode)
+            .map(|(&k, &(n, _))| (k, n))
+            .collect(),
+    })
+}
+
+/// The exclusive time of each interval (start, end), in input order: the part of it after every
+/// interval that started earlier has ended. Under programmatic dependent launch a kernel starts
+/// while its predecessor runs; counted this way the exclusive times sum to the time anything ran
+/// (the union of the intervals), and overlap goes to the earlier kernel.
+pub fn exclusive(intervals: &[(u64, u64)]) -> Vec<u64> {
+    let mut order: Vec<usize> = (0..intervals.len()).collect();
+    order.sort_by_key(|&i| intervals[i]);
+    let mut out = vec![0; intervals.len()];
+    let mut frontier = 0u64;
+    for i in order {
+        let (start, end) = intervals[i];
+        out[i] = end.saturating_sub(start.max(frontier));
+        frontier = frontier.max(end);
+    }
+    out
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+
+    /// A trace in the injection library's format.
+    pub fn text(lines: &[&str]) -> String {
+        let mut out = format!("{HEADER}\n");
+        for line in lines {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out
+    }
+
+    #[test]
+    fn records_parse_with_their_names_and_the_end_marker() {
+        let trace = parse(&text(&[
+            "n 0 _Z3fooILi1EEvv",
+            "k 0 100 250 0 7 42 3 2048 8 1 32 4 1",
+            "m HtoD 64 300 310 0 7 43 0",
+            "m weird 8 320 321 0 7 44 0",
+            "s 4096 400 405 0 7 42 3",
+            "d 2",
+            "e",
+        ]))
+        .unwrap();
+        assert_eq!(trace.names, ["_Z3fooILi1EEvv"]);
+        assert_eq!(trace.dropped, 2);
+        assert_eq!(
+            trace.records[0],
+            Record {
+                activity: Activity::Kernel {
+                    name: 0,
+                    grid: [2048, 8, 1],
+                    block: [32, 4, 1]
+                },
+                start: 100,
+                end: 250,
+                device: 0,
+                stream: 7,
+                correlation: 42,
+                graph: 3
+            }
+        );
+        assert_eq!(
+            trace.records[1].activity,
+            Activity::Memcpy {
+                direction: "HtoD",
+                bytes: 64
+            }
+        );
+        assert_eq!(
+            trace.records[2].activity,
+            Activity::Memcpy {
+                direction: "other",
+                bytes: 8
+            }
+        );
+        assert_eq!(
+            (trace.records[3].activity, trace.records[3].graph),
+            (Activity::Memset { bytes: 4096 }, 3)
+        );
+    }
+
+    #[test]
+    fn broken_traces_are_errors_that_say_where() {
+        let err = |lines: &[&str]| format!("{:#}", parse(&text(lines)).unwrap_err());
+        assert!(err(&["n 0 a"]).contains("no end marker"));
+        assert!(err(&["k 0 1 2 0 0 1 1 1 1 1 1 1 1", "e"]).contains("name 0 was not defined"));
+        assert!(err(&["n 1 a", "e"]).contains("out of order"));
+        assert!(err(&["n 0 a", "k 0 5 2 0 0 1 1 1 1 1 1 1 1", "e"]).contains("ends before"));
+        assert!(err(&["n 0 a", "k 0 1 2 0 0 1 1 1 1 1 1 1", "e"]).contains("13 fields"));
+        assert!(err(&["s 1 2 x 0 0 1 1", "e"]).contains("line 2"));
+        assert!(err(&["q 1", "e"]).contains("unknown record"));
+        assert!(err(&["e", "d 1"]).contains("after the end marker"));
+        assert!(format!("{:#}", parse("GGUF").unwrap_err()).contains("not a flashrt-cupti-trace"));
+        assert!(
+            format!("{:#}", parse("# flashrt-cupti-trace 2\ne\n").unwrap_err())
+                .contains("rebuild the injection library")
+        );
+    }
+
+    fn kernel(start: u64, end: u64, correlation: u32, graph: u32) -> Record {
+        Record {
+            activity: Activity::Kernel {
+                name: 0,
+                grid: [1, 1, 1],
+                block: [32, 1, 1],
+            },
+            start,
+            end,
+            device: 0,
+            stream: 1,
+            correlation,
+            graph,
+        }
+    }
+
+    #[test]
+    fn graph_launches_are_steps_and_eager_work_is_counted_apart() {
+        let memset = Record {
+            activity: Activity::Memset { bytes: 4 },
+            ..kernel(15, 16, 9, 1)
+        };
+        let trace = Trace {
+            names: vec!["k".into()],
+            records: vec![
+                kernel(0, 5, 1, 0),
+                kernel(30, 35, 10, 1),
+                kernel(10, 14, 9, 1),
+                memset,
+                kernel(36, 40, 10, 1),
+                kernel(12, 20, 9, 1),
+                kernel(50, 51, 11, 0),
+            ],
+            dropped: 0,
+        };
+        let (steps, outside) = graph_steps(&trace);
+        assert_eq!(outside, 2);
+        assert_eq!(steps.len(), 2);
+        assert_eq!(
+            (
+                steps[0].correlation,
+                steps[0].kernels,
+                steps[0].start,
+                steps[0].end
+            ),
+            (9, 2, 10, 20)
+        );
+        assert_eq!(steps[0].records, [2, 5, 3]);
+        assert_eq!((steps[1].correlation, steps[1].kernels), (10, 2));
+    }
+
+    fn steps_with(kernels: &[usize]) -> Vec<Step> {
+        kernels
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| Step {
+                correlation: i as u32,
+                records: Vec::new(),
+                kernels: k,
+                start: i as u64 * 100,
+                end: i as u64 * 100 + 90,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_steady_steps_have_the_modal_kernel_count_less_the_first() {
+        let s = steady_steps(&steps_with(&[700, 1584, 1584, 1584, 1584, 12])).unwrap();
+        assert_eq!(s.kernels_per_step, 1584);
+        assert_eq!(s.steps, [2, 3, 4]);
+        assert_eq!(s.other, [(12, 1), (700, 1)]);
+        // Two steps: both kept.
+        assert_eq!(steady_steps(&steps_with(&[9, 5, 5])).unwrap().steps, [1, 2]);
+        // A tie goes to the count seen last.
+        assert_eq!(
+            steady_steps(&steps_with(&[3, 3, 4, 4]))
+                .unwrap()
+                .kernels_per_step,
+            4
+        );
+        assert!(
+            format!("{:#}", steady_steps(&[]).unwrap_err()).contains("GGML_CUDA_DISABLE_GRAPHS")
+        );
+    }
+
+    #[test]
+    fn exclusive_times_sum_to_the_union_and_overlap_goes_to_the_earlier_kernel() {
+        // B starts under A (PDL), C lies inside B, D after a gap; given out of order.
+        let a = (0, 10);
+        let b = (5, 15);
+        let c = (12, 14);
+        let d = (20, 25);
+        assert_eq!(exclusive(&[c, a, d, b]), [0, 10, 5, 5]);
+        let union = 15 + 5;
+        assert_eq!(exclusive(&[a, b, c, d]).iter().sum::<u64>(), union);
+        // Identical intervals: the first in start order takes it all.
+        assert_eq!(exclusive(&[(3, 8), (3, 8)]), [5, 0]);
+        // A longer kernel starting at the same time sorts after the shorter one.
+        assert_eq!(exclusive(&[(3, 9), (3, 4)]), [5, 1]);
+        assert!(exclusive(&[]).is_empty());
+    }
+}
