@@ -3,10 +3,12 @@
 #include "registry.cuh"
 #include "repack.cuh"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 extern char ** environ;
@@ -100,6 +102,9 @@ static std::vector<const char *> dump_labels(const ggml_cgraph * cgraph) {
         for (int k = 0; m.deferred() && k < m.tail; ++k) {
             labels[m.run_at + k] = ws->window->name;
         }
+        for (int k = 0; k < m.n_claimed; ++k) {
+            labels[m.claimed[k]] = ws->window->name;
+        }
     }
     return labels;
 }
@@ -153,11 +158,29 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
     thread_local const ggml_cgraph * pass_graph = nullptr;
     thread_local int pass_last = INT_MAX;
     thread_local flashrt_pending_window pending;
+    // Nodes that windows of this pass already computed, with the window that did, ascending.
+    thread_local std::vector<std::pair<int, int>> claimed;
     const bool new_pass = cgraph != pass_graph || i <= pass_last;
     if (new_pass) {
         stats.graphs++;
+        // Claimed nodes the loop did not reach were computed anyway: nothing is lost.
+        claimed.clear();
     }
     pass_graph = cgraph;
+
+    // Nodes a window computed earlier in the pass are done.
+    while (!claimed.empty() && claimed.front().first < i) {
+        claimed.erase(claimed.begin());
+    }
+    if (!claimed.empty() && claimed.front().first == i) {
+        const int window_index = claimed.front().second;
+        claimed.erase(claimed.begin());
+        stats.nodes++;
+        stats.nodes_covered++;
+        stats.covered[window_index]++;
+        pass_last = i;
+        return 1;
+    }
 
     if (pending.window != nullptr) {
         if (new_pass || i > pending.match.run_at) {
@@ -179,7 +202,7 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
         stats.nodes_covered += tail;
         stats.covered[ws->index] += tail;
         pass_last = i + tail - 1;
-        return tail - 1;
+        return tail;
     }
 
     flashrt_match m;
@@ -192,7 +215,7 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
     }
     stats.hits[ws->index]++;
     if (m.deferred()) {
-        GGML_ASSERT(m.head >= 2 && m.tail >= 2 && m.run_at >= i + m.head);
+        GGML_ASSERT(m.head >= 2 && m.tail >= 2 && m.run_at >= i + m.head && m.n_claimed == 0);
         pending.cgraph = cgraph;
         pending.window = ws;
         pending.anchor = i;
@@ -201,12 +224,17 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
         stats.nodes_covered += m.head;
         stats.covered[ws->index] += m.head;
         pass_last = i + m.head - 1;
-        return m.head - 1;
+        return m.head;
     }
     ws->window->run(ctx, cgraph, i, m);
+    for (int k = 0; k < m.n_claimed; ++k) {
+        GGML_ASSERT(m.claimed[k] >= i + m.n_nodes && (k == 0 || m.claimed[k] > m.claimed[k - 1]));
+        claimed.emplace_back(m.claimed[k], ws->index);
+    }
+    std::sort(claimed.begin(), claimed.end());
     stats.nodes += m.n_nodes;
     stats.nodes_covered += m.n_nodes;
     stats.covered[ws->index] += m.n_nodes;
     pass_last = i + m.n_nodes - 1;
-    return m.n_nodes - 1;
+    return m.n_nodes;
 }

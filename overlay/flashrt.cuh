@@ -12,9 +12,9 @@ struct ggml_cgraph;
 // belongs here, never in a window's run.
 void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph);
 
-// Called in the node loop right before ggml_cuda_try_fuse, with the same convention: if a window
-// starting at node i matched and ran, returns how many nodes after i it also consumed (>= 1);
-// 0 means no window ran and the stock path handles node i. Capture-safe.
+// Called in the node loop right before ggml_cuda_try_fuse. Returns how many nodes from i on the
+// overlay consumed, node i included: a window that matched at i and ran, or a node that a window
+// already computed earlier in the pass (1). 0 leaves node i to the stock path. Capture-safe.
 int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i);
 
 // Called when a CUDA backend context is destroyed: frees what the overlay holds for it (repacked

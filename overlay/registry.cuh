@@ -14,14 +14,24 @@
 // not computed, the nodes in between run on stock kernels, and the window runs at `run_at`,
 // taking `tail` nodes from there. The predicate must prove that nothing in between reads the
 // head's results or overwrites the window's inputs.
+//
+// An immediate window may also compute nodes further on, out of the run (the matmuls of a layer
+// that read one normed input sit between other nodes): it claims them, and the node loop skips
+// them when it gets there. The predicate must prove that no node between the run and a claimed
+// node reads or writes the claimed node's memory (the allocator may lend it to them, since in
+// graph order it is not yet live).
+constexpr int FLASHRT_MAX_CLAIMED = 8;
+
 struct flashrt_match {
-    int          n_nodes = 0;        // immediate: nodes covered from i (>= 2 on a hit)
+    int          n_nodes = 0;        // immediate: nodes covered from i (>= 1 on a hit)
     const char * miss    = nullptr;  // on a miss: the first predicate that failed
     int          run_at  = -1;       // deferred: the node where the window runs (> i)
     int          head    = 0;        // deferred: nodes taken at i (>= 2)
     int          tail    = 0;        // deferred: nodes taken at run_at (>= 2)
+    int          n_claimed = 0;      // immediate: later nodes computed by this run, ascending,
+    int          claimed[FLASHRT_MAX_CLAIMED] = {};  // each >= i + n_nodes
 
-    bool hit() const { return miss == nullptr && (deferred() || n_nodes >= 2); }
+    bool hit() const { return miss == nullptr && (deferred() || n_nodes >= 1); }
     bool deferred() const { return run_at >= 0; }
 };
 
