@@ -143,8 +143,9 @@ pub struct GpuModelArgs {
     /// CUDA architecture to build for (default: the host's default).
     #[arg(long, value_name = "ARCH")]
     pub arch: Option<String>,
-    /// Use this local checkout or archive as the host source (must match the pin).
-    #[arg(long, value_name = "DIR")]
+    /// Use this local checkout, extracted tree or archive (.tar.xz, .tar.gz, .tar; e.g. from
+    /// `host pack`) as the host source; it must match the pin.
+    #[arg(long, value_name = "DIR|ARCHIVE")]
     pub host_src: Option<PathBuf>,
 }
 

@@ -19,7 +19,8 @@ pub struct BuildArgs {
     #[arg(long, default_value = "llama.cpp")]
     pub host: String,
     /// CUDA architectures, comma-separated (90a = H100/H200, 100a = B200, 110a = Thor,
-    /// 120a = RTX 50xx). Default: the host's default_archs.
+    /// 120a = RTX 50xx). Default: the host's default_archs. With the overlay only these four (the
+    /// overlay's kernels are written for them; others are refused); --stock builds any.
     #[arg(long, value_delimiter = ',', value_name = "ARCHS")]
     pub arch: Vec<String>,
     /// Build the pinned tree as upstream has it, without patches or overlay.
@@ -35,8 +36,9 @@ pub struct BuildArgs {
     /// nothing, so it works with a CUDA toolkit that has no driver library).
     #[arg(long, conflicts_with_all = ["stock", "cpu", "targets"])]
     pub overlay_only: bool,
-    /// Use this local checkout as the host source (must match the pin).
-    #[arg(long, value_name = "DIR")]
+    /// Use this local checkout, extracted tree or archive (.tar.xz, .tar.gz, .tar; e.g. from
+    /// `host pack`) as the host source; it must match the pin.
+    #[arg(long, value_name = "DIR|ARCHIVE")]
     pub host_src: Option<PathBuf>,
     /// Use the pinned CUDA toolkit of toolchains.toml (installed into .xtask/toolchains) even if
     /// this machine has its own: the same nvcc everywhere.
@@ -73,6 +75,8 @@ impl BuildArgs {
 pub struct Built {
     pub build_dir: PathBuf,
     pub binaries: Vec<PathBuf>,
+    /// Linked against the CUDA driver stub: the binaries run only where the NVIDIA driver is.
+    pub driver_stub: bool,
 }
 
 /// The configure arguments a build directory was last configured with.
@@ -82,12 +86,85 @@ struct ConfigureStamp {
 }
 
 pub fn run(sh: &Shell, project: &Project, args: BuildArgs) -> Result<()> {
+    let started = std::time::Instant::now();
     let built = build(sh, project, &args)?;
+    let seconds = started.elapsed().as_secs();
     println!("build directory: {}", built.build_dir.display());
     for binary in &built.binaries {
         println!("  {}", binary.display());
     }
+    let what = if args.overlay_only {
+        "the overlay compiled (--overlay-only: nothing linked)"
+    } else {
+        "build done"
+    };
+    println!("{what} in {}m{:02}s", seconds / 60, seconds % 60);
+    // Repeated here, at the end where a user looks, from the note printed before configuring.
+    if built.driver_stub {
+        println!(
+            "note: no NVIDIA driver on this machine: linked against the CUDA driver stub, these \
+             binaries run only on a machine with the NVIDIA driver installed"
+        );
+    }
     Ok(())
+}
+
+/// The architectures the overlay's kernels are written for: `GGML_CUDA_FLASHRT_SUPPORTED_ARCHS`
+/// in overlay/CMakeLists.txt, the one list the CMake build also uses.
+pub fn overlay_archs(project: &Project) -> Result<Vec<String>> {
+    let path = project.overlay_dir().join("CMakeLists.txt");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let archs = text.lines().find_map(|line| {
+        line.trim()
+            .strip_prefix("set(GGML_CUDA_FLASHRT_SUPPORTED_ARCHS")
+            .and_then(|rest| rest.strip_suffix(')'))
+            .map(|list| {
+                list.split_whitespace()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+    });
+    match archs {
+        Some(archs) if !archs.is_empty() => Ok(archs),
+        _ => bail!(
+            "{} has no `set(GGML_CUDA_FLASHRT_SUPPORTED_ARCHS ...)` line listing the overlay's \
+             architectures: restore it",
+            path.display()
+        ),
+    }
+}
+
+/// Refuses architectures (CMake form, see [`normalize_arch`]) the overlay is not built for, as the
+/// overlay's CMake maps them: `90`, `90a` and `90f` all mean its sm_90a kernels.
+pub fn check_overlay_archs(supported: &[String], archs: &[String]) -> Result<()> {
+    let unsupported: Vec<&str> = archs
+        .iter()
+        .map(String::as_str)
+        .filter(|arch| {
+            let digits: String = arch.chars().take_while(char::is_ascii_digit).collect();
+            !supported.contains(&format!("{digits}a"))
+        })
+        .collect();
+    if unsupported.is_empty() {
+        return Ok(());
+    }
+    let sm = |archs: &[&str]| {
+        archs
+            .iter()
+            .map(|a| format!("sm_{a}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let supported: Vec<&str> = supported.iter().map(String::as_str).collect();
+    bail!(
+        "the FlashRT overlay is not built for {}: its kernels are written for {} \
+         (overlay/CMakeLists.txt). Pass one of those with --arch, or build the host without the \
+         overlay, for any architecture, with `cargo xtask build --stock --arch {}`.",
+        sm(&unsupported),
+        sm(&supported),
+        unsupported.join(",")
+    )
 }
 
 /// Normalises an architecture as given by a user ("sm_90a", "90a", "90") to CMake's form
@@ -145,6 +222,9 @@ pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
             .map(|a| normalize_arch(a))
             .collect::<Result<_>>()?
     };
+    if flavor == Flavor::Flashrt && !archs.is_empty() {
+        check_overlay_archs(&overlay_archs(project)?, &archs)?;
+    }
     let targets: Vec<String> = if args.overlay_only {
         std::iter::once(host.build.overlay_target.clone())
             .chain(host.build.hook_objects.iter().cloned())
@@ -207,6 +287,16 @@ pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
             cuda.nvcc.path.display().to_string(),
         ));
         defines.push(("CUDAToolkit_ROOT".into(), cuda.root.display().to_string()));
+        match cuda.system_include() {
+            // CMAKE_CUDA_FLAGS is split at spaces: such a path cannot be passed through it.
+            Some(include) if !include.to_string_lossy().contains(char::is_whitespace) => {
+                defines.push((
+                    "CMAKE_CUDA_FLAGS".into(),
+                    format!("-isystem={}", include.display()),
+                ));
+            }
+            _ => {}
+        }
         match cuda.driver {
             Some(DriverLibrary::Installed) => {}
             Some(DriverLibrary::Stub) => {
@@ -264,6 +354,7 @@ pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
     Ok(Built {
         build_dir,
         binaries,
+        driver_stub: cuda.is_some_and(|c| c.driver == Some(DriverLibrary::Stub)),
     })
 }
 
@@ -279,6 +370,32 @@ pub fn cmake_defines(host: &HostConfig, flavor: Flavor, archs: &[String]) -> Vec
         if flavor == Flavor::Flashrt {
             defines.push((host.cmake.flashrt_option.clone(), "ON".into()));
         }
+    }
+    defines.extend(build_info_defines(host, flavor));
+    defines
+}
+
+/// The host's build info from the pin: its short commit (`+flashrt` for the patched tree with the
+/// overlay mounted) and release number. Left to the host when it has no pin or no such options.
+fn build_info_defines(host: &HostConfig, flavor: Flavor) -> Vec<(String, String)> {
+    let mut defines = Vec::new();
+    let Some(rev) = &host.rev else {
+        return defines;
+    };
+    if let Some(option) = &host.cmake.commit_option {
+        let suffix = match flavor {
+            Flavor::Flashrt => "+flashrt",
+            Flavor::Stock => "",
+        };
+        defines.push((option.clone(), format!("{}{suffix}", &rev[..7])));
+    }
+    let number = host
+        .release
+        .as_deref()
+        .and_then(|r| r.strip_prefix('b'))
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if let (Some(option), Some(number)) = (&host.cmake.build_number_option, number) {
+        defines.push((option.clone(), number.to_owned()));
     }
     defines
 }
@@ -347,6 +464,53 @@ mod tests {
         for bad in ["", "sm_", "ampere", "90b", "9"] {
             assert!(normalize_arch(bad).is_err(), "{bad} should be rejected");
         }
+    }
+
+    #[test]
+    fn build_info_names_the_pin_and_the_overlay() {
+        let hosts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hosts");
+        let llama = HostConfig::load(&hosts.join("llama.cpp/host.toml")).unwrap();
+        let rev = llama.rev.clone().unwrap();
+        let value = |defines: &[(String, String)], key: &str| {
+            defines
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+        };
+        let archs = ["90a".to_owned()];
+        let flashrt = cmake_defines(&llama, Flavor::Flashrt, &archs);
+        assert_eq!(
+            value(&flashrt, "LLAMA_BUILD_COMMIT"),
+            Some(format!("{}+flashrt", &rev[..7]))
+        );
+        let number = llama.release.as_deref().unwrap().trim_start_matches('b');
+        assert_eq!(
+            value(&flashrt, "LLAMA_BUILD_NUMBER").as_deref(),
+            Some(number)
+        );
+        let stock = cmake_defines(&llama, Flavor::Stock, &[]);
+        assert_eq!(
+            value(&stock, "LLAMA_BUILD_COMMIT"),
+            Some(rev[..7].to_owned())
+        );
+        // An unpinned host keeps its own build info.
+        let jetson = HostConfig::load(&hosts.join("jetson-pi-edge/host.toml")).unwrap();
+        let defines = cmake_defines(&jetson, Flavor::Flashrt, &archs);
+        assert_eq!(value(&defines, "LLAMA_BUILD_COMMIT"), None);
+    }
+
+    #[test]
+    fn overlay_archs_accept_their_plain_and_family_forms_only() {
+        let supported: Vec<String> = ["90a", "120a"].map(String::from).to_vec();
+        let check = |archs: &[&str]| {
+            let archs: Vec<String> = archs.iter().map(|a| a.to_string()).collect();
+            check_overlay_archs(&supported, &archs)
+        };
+        assert!(check(&["90a", "120a", "120f"]).is_ok());
+        let err = format!("{:#}", check(&["90a", "100a", "75"]).unwrap_err());
+        assert!(err.contains("not built for sm_100a, sm_75:"), "{err}");
+        assert!(err.contains("written for sm_90a, sm_120a"), "{err}");
+        assert!(err.contains("--stock --arch 100a,75"), "{err}");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! `cargo xtask ci`: expands ci/matrix.toml into cells (host × arch × flavor × kind, plus the
-//! driver's own checks), runs those this machine can run and says why the others are skipped.
+//! driver's own checks and the vendor kernels' unit tests), runs those this machine can run and
+//! says why the others are skipped.
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -15,7 +17,7 @@ use crate::patch;
 use crate::project::{step, Project};
 use crate::synth::{self, Preset, Quant, SynthArgs};
 use crate::test_backend_ops::{self, TestBackendOpsArgs};
-use crate::toolchain::{self, CudaChoice, Provision};
+use crate::toolchain::{self, Cuda, CudaChoice, Provision};
 
 #[derive(Debug, Args)]
 pub struct CiArgs {
@@ -51,6 +53,9 @@ pub enum Action {
         arch: Option<String>,
         targets: Vec<String>,
     },
+    /// The vendor kernels' unit tests (vendor/csrc/tests/test-*.cu) compiled with nvcc for these
+    /// architectures (one per gpu cell, which also runs them).
+    VendorTests { archs: Vec<String> },
 }
 
 #[derive(Debug, Serialize)]
@@ -58,7 +63,9 @@ struct Outcome<'a> {
     #[serde(flatten)]
     cell: &'a Cell,
     result: CellResult,
-    seconds: u64,
+    /// How long the cell ran; none for a cell that did not run (skipped, or --list).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seconds: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -71,7 +78,10 @@ enum CellResult {
     Runnable,
 }
 
-/// All cells of the matrix, in run order: checks, then per group its cells.
+/// All cells of the matrix, in run order: checks, then per group its cells. A compile-only or gpu
+/// group with the flashrt flavor starts with the vendor kernels' tests for its architectures
+/// (seconds to minutes; the builds after them take longer). The compile-only ones are one cell
+/// for all architectures: one nvcc call per file compiles them all, in a third of the time.
 pub fn expand(matrix: &Matrix) -> Vec<Cell> {
     let mut cells: Vec<Cell> = matrix
         .checks
@@ -94,6 +104,9 @@ pub fn expand(matrix: &Matrix) -> Vec<Cell> {
                     host: group.host.clone(),
                 },
             });
+        }
+        if group.kind != CellKind::Cpu && group.flavors.contains(&Flavor::Flashrt) {
+            add_vendor_tests(&mut cells, group.kind, &group.archs);
         }
         let archs: Vec<Option<&String>> = if group.archs.is_empty() {
             vec![None]
@@ -119,6 +132,43 @@ pub fn expand(matrix: &Matrix) -> Vec<Cell> {
     cells
 }
 
+/// Adds a group's vendor test cells, or its architectures to those already there:
+/// `vendor/compile-only` (all architectures) or `vendor/gpu/sm_<arch>` (one each).
+fn add_vendor_tests(cells: &mut Vec<Cell>, kind: CellKind, archs: &[String]) {
+    let per_cell: Vec<(String, &[String])> = match kind {
+        CellKind::Gpu => archs
+            .iter()
+            .map(|arch| {
+                (
+                    format!("vendor/{kind}/sm_{arch}"),
+                    std::slice::from_ref(arch),
+                )
+            })
+            .collect(),
+        _ => vec![(format!("vendor/{kind}"), archs)],
+    };
+    for (name, archs) in per_cell {
+        let at = match cells.iter().position(|c| c.name == name) {
+            Some(at) => at,
+            None => {
+                cells.push(Cell {
+                    name,
+                    kind,
+                    action: Action::VendorTests { archs: Vec::new() },
+                });
+                cells.len() - 1
+            }
+        };
+        if let Action::VendorTests { archs: cell_archs } = &mut cells[at].action {
+            for arch in archs {
+                if !cell_archs.contains(arch) {
+                    cell_archs.push(arch.clone());
+                }
+            }
+        }
+    }
+}
+
 fn selected(cell: &Cell, filters: &[String]) -> bool {
     filters.is_empty()
         || filters.iter().any(|f| {
@@ -141,25 +191,30 @@ fn skip_reason(sh: &Shell, project: &Project, cell: &Cell) -> Option<String> {
                     .to_owned()
             })
         }
-        (CellKind::Gpu, Action::Build { arch, .. }) => {
-            let arch = arch.as_deref().unwrap_or_default();
-            match doctor::gpus(sh) {
-                Err(why) => Some(format!("no NVIDIA GPU visible ({why})")),
-                Ok(gpus) => {
-                    let numbers: Vec<String> =
-                        gpus.iter().map(|(_, cc)| cc.replace('.', "")).collect();
-                    let arch_number: String =
-                        arch.chars().take_while(char::is_ascii_digit).collect();
-                    (!numbers.contains(&arch_number)).then(|| {
-                        format!(
-                            "needs an sm_{arch} GPU; this machine has sm_{}",
-                            numbers.join(", sm_")
-                        )
-                    })
-                }
+        (CellKind::Gpu, action) => {
+            let archs: &[String] = match action {
+                Action::Build { arch, .. } => arch.as_slice(),
+                Action::VendorTests { archs } => archs,
+                _ => &[],
+            };
+            if archs.is_empty() {
+                return Some("gpu cells need an architecture".to_owned());
             }
+            let gpus = match doctor::gpus(sh) {
+                Err(why) => return Some(format!("no NVIDIA GPU visible ({why})")),
+                Ok(gpus) => gpus,
+            };
+            let numbers: Vec<String> = gpus.iter().map(|(_, cc)| cc.replace('.', "")).collect();
+            archs.iter().find_map(|arch| {
+                let arch_number: String = arch.chars().take_while(char::is_ascii_digit).collect();
+                (!numbers.contains(&arch_number)).then(|| {
+                    format!(
+                        "needs an sm_{arch} GPU; this machine has sm_{}",
+                        numbers.join(", sm_")
+                    )
+                })
+            })
         }
-        (CellKind::Gpu, _) => Some("gpu cells are builds".to_owned()),
     }
 }
 
@@ -214,7 +269,92 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
                 _ => Ok(()),
             }
         }
+        Action::VendorTests { archs } => {
+            // Compile-only cells use the pinned nvcc, as the overlay's compile-only builds do;
+            // gpu cells the nvcc their build uses.
+            let (choice, run) = match cell.kind {
+                CellKind::Gpu => (CudaChoice::Machine, true),
+                _ => (CudaChoice::Pinned, false),
+            };
+            let cuda = toolchain::cuda(sh, project, Provision::Install, choice)?;
+            vendor_tests(sh, project, &cuda, archs, run)
+        }
     }
+}
+
+/// The `*.cu` files directly in `dir` whose names start with `prefix`, sorted.
+fn cu_files(dir: &Path, prefix: &str) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if path.is_file() && name.starts_with(prefix) && name.ends_with(".cu") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Every vendor/csrc/tests/test-*.cu, linked with all of vendor/csrc/*.cu (so a test may use any
+/// kernel family), compiled for `archs` by one nvcc call per file; with `run`, each test is run
+/// and must exit with 0.
+fn vendor_tests(
+    sh: &Shell,
+    project: &Project,
+    cuda: &Cuda,
+    archs: &[String],
+    run: bool,
+) -> Result<()> {
+    let csrc = project.root.join("vendor/csrc");
+    let tests = cu_files(&csrc.join("tests"), "test-")?;
+    if tests.is_empty() {
+        bail!("no unit tests in {}/tests (test-NAME.cu)", csrc.display());
+    }
+    let kernels = cu_files(&csrc, "")?;
+    let nvcc = &cuda.nvcc.path;
+    let mut flags = vec!["-std=c++17".to_owned()];
+    for arch in archs {
+        flags.push(format!(
+            "--generate-code=arch=compute_{arch},code=sm_{arch}"
+        ));
+    }
+    if let Some(dir) = cuda.system_include() {
+        flags.extend(["-isystem".to_owned(), dir.display().to_string()]);
+    }
+    flags.extend(["-I".to_owned(), csrc.display().to_string()]);
+    let flags = &flags;
+    let for_archs = archs
+        .iter()
+        .map(|a| format!("sm_{a}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let scratch = project.scratch()?;
+    let mut objects = Vec::new();
+    for kernel in &kernels {
+        let name = kernel.file_stem().unwrap_or_default().to_string_lossy();
+        let object = scratch.path().join(format!("{name}.o"));
+        step(format!("compiling {} for {for_archs}", kernel.display()));
+        cmd!(sh, "{nvcc} {flags...} -c {kernel} -o {object}")
+            .run()
+            .with_context(|| format!("compiling {} for {for_archs}", kernel.display()))?;
+        objects.push(object);
+    }
+    let objects = &objects;
+    for test in &tests {
+        let name = test.file_stem().unwrap_or_default().to_string_lossy();
+        let exe = scratch.path().join(name.as_ref());
+        step(format!("compiling {} for {for_archs}", test.display()));
+        cmd!(sh, "{nvcc} {flags...} {test} {objects...} -o {exe}")
+            .run()
+            .with_context(|| format!("compiling {} for {for_archs}", test.display()))?;
+        if run {
+            cmd!(sh, "{exe}").run().with_context(|| {
+                format!("{name} failed on {for_archs} (its output above says which case)")
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// Host-only tests of the overlay: plain C++ files, built with the machine's compiler and run.
@@ -321,32 +461,34 @@ pub fn run(sh: &Shell, project: &Project, args: CiArgs) -> Result<()> {
     }
     let mut outcomes = Vec::new();
     for cell in cells.iter().filter(|c| selected(c, &args.cell)) {
-        let started = Instant::now();
-        let result = match skip_reason(sh, project, cell) {
-            Some(why) => CellResult::Skipped(why),
-            None if args.list => CellResult::Runnable,
+        let (result, seconds) = match skip_reason(sh, project, cell) {
+            Some(why) => (CellResult::Skipped(why), None),
+            None if args.list => (CellResult::Runnable, None),
             None => {
                 step(format!("cell {}", cell.name));
-                match run_cell(sh, project, cell) {
+                let started = Instant::now();
+                let result = match run_cell(sh, project, cell) {
                     Ok(()) => CellResult::Passed,
                     Err(err) => {
                         eprintln!("cell {} failed: {err:#}", cell.name);
                         CellResult::Failed(format!("{err:#}"))
                     }
-                }
+                };
+                (result, Some(started.elapsed().as_secs()))
             }
         };
         outcomes.push(Outcome {
             cell,
             result,
-            seconds: started.elapsed().as_secs(),
+            seconds,
         });
     }
 
     if args.json {
         println!("{}", serde_json::to_string_pretty(&outcomes)?);
     } else {
-        print_table(&outcomes);
+        println!();
+        print!("{}", table(&outcomes));
     }
     let failed = outcomes
         .iter()
@@ -358,15 +500,27 @@ pub fn run(sh: &Shell, project: &Project, args: CiArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_table(outcomes: &[Outcome]) {
+/// The results as a table: one row per cell, then the counts.
+fn table(outcomes: &[Outcome]) -> String {
+    use std::fmt::Write;
     let width = outcomes
         .iter()
         .map(|o| o.cell.name.len())
         .max()
         .unwrap_or(4)
         .max(4);
-    println!();
-    println!("{:width$}  {:8}  {:>6}  detail", "cell", "result", "time");
+    // A time column only when something ran: --list and skipped cells have no time.
+    let timed = outcomes.iter().any(|o| o.seconds.is_some());
+    let time_column = |time: &str| {
+        if timed {
+            format!("  {time:>6}")
+        } else {
+            String::new()
+        }
+    };
+    let mut out = String::new();
+    let header = time_column("time");
+    writeln!(out, "{:width$}  {:8}{header}  detail", "cell", "result").unwrap();
     for o in outcomes {
         let (status, detail) = match &o.result {
             CellResult::Passed => ("passed", String::new()),
@@ -376,10 +530,9 @@ fn print_table(outcomes: &[Outcome]) {
             CellResult::Skipped(why) => ("skipped", why.clone()),
             CellResult::Runnable => ("runnable", String::new()),
         };
-        println!(
-            "{:width$}  {status:8}  {:>5}s  {detail}",
-            o.cell.name, o.seconds
-        );
+        let time = time_column(&o.seconds.map(|s| format!("{s}s")).unwrap_or_default());
+        let row = format!("{:width$}  {status:8}{time}  {detail}", o.cell.name);
+        writeln!(out, "{}", row.trim_end()).unwrap();
     }
     let count = |f: fn(&CellResult) -> bool| outcomes.iter().filter(|o| f(&o.result)).count();
     let passed = count(|r| matches!(r, CellResult::Passed));
@@ -387,10 +540,15 @@ fn print_table(outcomes: &[Outcome]) {
     let skipped = count(|r| matches!(r, CellResult::Skipped(_)));
     let runnable = count(|r| matches!(r, CellResult::Runnable));
     if runnable > 0 {
-        println!("{runnable} runnable here, {skipped} skipped");
+        writeln!(out, "{runnable} runnable here, {skipped} skipped").unwrap();
     } else {
-        println!("cells: {passed} passed, {failed} failed, {skipped} skipped");
+        writeln!(
+            out,
+            "cells: {passed} passed, {failed} failed, {skipped} skipped"
+        )
+        .unwrap();
     }
+    out
 }
 
 #[cfg(test)]
@@ -434,13 +592,22 @@ mod tests {
                 "test",
                 "h/patch-check",
                 "h/cpu/flashrt",
+                "vendor/compile-only",
                 "h/compile-only/sm_90a/flashrt",
                 "h/compile-only/sm_120a/flashrt",
+                "vendor/gpu/sm_90a",
                 "h/gpu/sm_90a/stock",
                 "h/gpu/sm_90a/flashrt",
             ]
         );
         let cells = expand(&m);
+        let vendor = |archs: &[&str]| Action::VendorTests {
+            archs: archs.iter().map(|a| a.to_string()).collect(),
+        };
+        assert_eq!(cells[4].action, vendor(&["90a", "120a"]));
+        assert_eq!(cells[4].kind, CellKind::CompileOnly);
+        assert_eq!(cells[7].action, vendor(&["90a"]));
+        assert_eq!(cells[7].kind, CellKind::Gpu);
         assert_eq!(
             cells[3].action,
             Action::Build {
@@ -450,8 +617,61 @@ mod tests {
                 targets: vec!["llama-bench".into()]
             }
         );
-        assert!(selected(&cells[4], &["h/compile-only/".into()]));
-        assert!(!selected(&cells[4], &["h/compile".into()]));
+        assert!(selected(&cells[5], &["h/compile-only/".into()]));
+        assert!(!selected(&cells[5], &["h/compile".into()]));
+        assert!(selected(&cells[4], &["vendor/".into()]));
+    }
+
+    #[test]
+    fn only_cells_that_ran_show_a_time() {
+        let cell = |name: &str| Cell {
+            name: name.into(),
+            kind: CellKind::Cpu,
+            action: Action::Check { check: Check::Fmt },
+        };
+        let (a, b) = (cell("fmt"), cell("test"));
+        let listed = table(&[
+            Outcome {
+                cell: &a,
+                result: CellResult::Runnable,
+                seconds: None,
+            },
+            Outcome {
+                cell: &b,
+                result: CellResult::Skipped("no GPU".into()),
+                seconds: None,
+            },
+        ]);
+        assert!(
+            !listed.contains("time") && !listed.contains("0s"),
+            "{listed}"
+        );
+        assert!(listed.contains("1 runnable here, 1 skipped"), "{listed}");
+
+        let ran = table(&[
+            Outcome {
+                cell: &a,
+                result: CellResult::Passed,
+                seconds: Some(7),
+            },
+            Outcome {
+                cell: &b,
+                result: CellResult::Skipped("no GPU".into()),
+                seconds: None,
+            },
+        ]);
+        let lines: Vec<&str> = ran.lines().collect();
+        assert!(lines[0].contains("time"), "{ran}");
+        assert!(
+            lines[1].contains("passed") && lines[1].contains("7s"),
+            "{ran}"
+        );
+        let is_time = |w: &str| {
+            w.strip_suffix('s')
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+        };
+        assert!(lines[2].contains("skipped"), "{ran}");
+        assert!(!lines[2].split_whitespace().any(is_time), "{ran}");
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub struct HostConfig {
     pub tree_hash: Option<String>,
     /// Where the overlay is mounted, relative to the host tree.
     pub mount: String,
+    /// Paths every tree of this host has (a trailing `/` for a folder): a `--host-src` without
+    /// them is refused before it is hashed, which takes minutes on a large directory.
+    #[serde(default)]
+    pub tree_markers: Vec<String>,
     /// What a user must know when the source cannot be reached from here.
     pub note: Option<String>,
     pub mirror: Option<Mirror>,
@@ -68,6 +72,14 @@ pub struct CMakeConfig {
     pub flashrt_option: String,
     /// The architectures option.
     pub arch_option: String,
+    /// The cache entry the host's build-info commit is taken from (llama.cpp: LLAMA_BUILD_COMMIT,
+    /// which llama-bench prints as `build:`). Set to the pin's short commit, `+flashrt` for
+    /// builds with the overlay: the host tree's own git HEAD is a patch commit, or absent.
+    #[serde(default)]
+    pub commit_option: Option<String>,
+    /// The cache entry for the build number, set from the pin's release name (`b11312`).
+    #[serde(default)]
+    pub build_number_option: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -104,6 +116,11 @@ impl HostConfig {
         }
         if let Some(mirror) = &self.mirror {
             parse_sha256(&mirror.sha256).context("mirror.sha256")?;
+        }
+        for marker in &self.tree_markers {
+            if marker.is_empty() || Path::new(marker).is_absolute() || marker.contains("..") {
+                bail!("tree_markers must be relative paths inside the host tree, got {marker:?}");
+            }
         }
         if Path::new(&self.mount).is_absolute() || self.mount.contains("..") {
             bail!(

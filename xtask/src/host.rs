@@ -52,7 +52,7 @@ pub struct SourceArgs {
     pub select: HostSelect,
     /// Use this local checkout, extracted tree or archive (.tar.xz, .tar.gz, .tar; e.g. from
     /// `host pack`) as the source; it must match the pin.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR|ARCHIVE")]
     pub host_src: Option<PathBuf>,
 }
 
@@ -267,6 +267,7 @@ fn from_local_dir(
     let dir = dir
         .canonicalize()
         .with_context(|| format!("resolving {}", dir.display()))?;
+    check_tree_shape(host, src, &dir, !is_archive)?;
     step(format!("hashing {}", dir.display()));
     let actual = tree_hash(&dir)?;
     if let Some(cached) = cached_pristine(project, host) {
@@ -308,6 +309,68 @@ fn from_local_dir(
             verified,
         },
     )
+}
+
+/// Refuses a --host-src that lacks the host's marker paths, before minutes of hashing: says what
+/// is missing, a subfolder that has them (a checkout's parent given by mistake; not looked for in
+/// an extracted archive, whose folders are scratch), and where the pinned source comes from.
+fn check_tree_shape(
+    host: &HostConfig,
+    src: &Path,
+    dir: &Path,
+    suggest_subfolder: bool,
+) -> Result<()> {
+    let missing = |root: &Path| -> Vec<&str> {
+        host.tree_markers
+            .iter()
+            .map(String::as_str)
+            .filter(|m| {
+                let path = root.join(m);
+                if m.ends_with('/') {
+                    !path.is_dir()
+                } else {
+                    !path.exists()
+                }
+            })
+            .collect()
+    };
+    let absent = missing(dir);
+    if absent.is_empty() {
+        return Ok(());
+    }
+    let mut message = format!(
+        "--host-src {} does not look like a {} tree: it has no {}",
+        src.display(),
+        host.name,
+        absent.join(", ")
+    );
+    let listing = if suggest_subfolder {
+        std::fs::read_dir(dir).ok()
+    } else {
+        None
+    };
+    let mut inside: Vec<PathBuf> = listing
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_dir() && missing(p).is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    inside.sort();
+    if let Some(tree) = inside.first() {
+        message.push_str(&format!(
+            "
+  {} does: pass that instead",
+            tree.display()
+        ));
+    }
+    let name = &host.name;
+    message.push_str(&format!(
+        "
+The pinned source: `cargo xtask host fetch --host {name}` gets it (git, else the mirror);          on a machine without network, pass the archive that `cargo xtask host pack --host {name}`          writes elsewhere as --host-src FILE."
+    ));
+    bail!(message)
 }
 
 /// Ok(true) if the pin matches, Ok(false) if the host has no pin, Err on a mismatch.

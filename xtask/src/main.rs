@@ -40,6 +40,7 @@ use xshell::Shell;
     after_help = "Examples:\n  cargo xtask build                    # CUDA build for sm_90a with the overlay\n  \
         cargo xtask build --arch 90a,120a    # several architectures\n  \
         cargo xtask build --stock            # the same pinned tree, no overlay\n  \
+        cargo xtask build --stock --arch 86  # other architectures: without the overlay\n  \
         cargo xtask build --cpu              # no CUDA\n  \
         cargo xtask ci --list                # what CI runs and what this machine can run"
 )]

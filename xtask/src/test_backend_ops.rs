@@ -38,8 +38,9 @@ pub struct TestBackendOpsArgs {
     /// Without a GPU, build and stop with success instead of failing.
     #[arg(long)]
     pub allow_no_gpu: bool,
-    /// Use this local checkout as the host source (must match the pin).
-    #[arg(long, value_name = "DIR")]
+    /// Use this local checkout, extracted tree or archive (.tar.xz, .tar.gz, .tar; e.g. from
+    /// `host pack`) as the host source; it must match the pin.
+    #[arg(long, value_name = "DIR|ARCHIVE")]
     pub host_src: Option<PathBuf>,
     /// Parallel test workers (default: all cores).
     #[arg(long, short)]

@@ -1101,3 +1101,287 @@ fn patch_that_merges_cleanly_stops_for_review() {
     assert!(second.contains(" int other3(void) {"), "{second}");
     patch::check(&sh, &f.project, &f.host(), None).unwrap();
 }
+
+/// This checkout, as a project (its README, overlay and config files).
+fn repository() -> Project {
+    Project {
+        root: Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf(),
+    }
+}
+
+#[test]
+fn overlay_builds_refuse_architectures_the_overlay_lacks_before_any_work() {
+    use crate::build::{self, BuildArgs};
+    use clap::CommandFactory;
+
+    let repo = repository();
+    let supported = build::overlay_archs(&repo).unwrap();
+    assert_eq!(supported, ["90a", "100a", "110a", "120a"]);
+    // The compile-only cells and `build --help` name the same architectures.
+    let matrix = repo.matrix().unwrap();
+    for group in matrix
+        .groups
+        .iter()
+        .filter(|g| g.kind == crate::config::CellKind::CompileOnly)
+    {
+        assert_eq!(group.archs, supported, "ci/matrix.toml compile-only archs");
+    }
+    let mut cli = crate::Cli::command();
+    let help = cli
+        .find_subcommand_mut("build")
+        .unwrap()
+        .get_arguments()
+        .find(|a| a.get_id() == "arch")
+        .and_then(|a| a.get_help())
+        .unwrap()
+        .to_string();
+    for arch in &supported {
+        assert!(
+            help.contains(arch.as_str()),
+            "build --help --arch lacks {arch}: {help}"
+        );
+    }
+    assert!(help.contains("--stock"), "{help}");
+
+    // A host with nothing to fetch from: whatever gets past the architecture check fails at once
+    // with "no source", so a check that came too late could not start a build here.
+    let tmp = tempfile::tempdir().unwrap();
+    let project = Project {
+        root: tmp.path().to_path_buf(),
+    };
+    std::fs::create_dir_all(project.overlay_dir()).unwrap();
+    std::fs::copy(
+        repo.overlay_dir().join("CMakeLists.txt"),
+        project.overlay_dir().join("CMakeLists.txt"),
+    )
+    .unwrap();
+    write(
+        &project.host_config_path("nosrc"),
+        "name = \"nosrc\"\nupstream = \"none\"\nmount = \"flashrt\"\n\
+         [cmake]\nflashrt_option = \"F\"\narch_option = \"A\"\ndefaults = {}\ncuda = {}\ncpu = {}\n\
+         [build]\ntargets = [\"t\"]\noverlay_target = \"o\"\ndefault_archs = [\"90a\"]\n",
+    );
+    let sh = Shell::new().unwrap();
+    let attempt = |archs: &[&str], stock: bool| {
+        err_text(build::build(
+            &sh,
+            &project,
+            &BuildArgs {
+                arch: archs.iter().map(|a| a.to_string()).collect(),
+                stock,
+                ..BuildArgs::new("nosrc")
+            },
+        ))
+    };
+    let err = attempt(&["90a", "sm_75", "86"], false);
+    assert!(err.contains("not built for sm_75, sm_86"), "{err}");
+    assert!(err.contains("sm_90a, sm_100a, sm_110a, sm_120a"), "{err}");
+    assert!(err.contains("--stock --arch 75,86"), "{err}");
+    // Plain and family forms mean the overlay's sm_XXa kernels; stock builds take any arch.
+    for (archs, stock) in [(&["90", "120a", "100f"][..], false), (&["75"][..], true)] {
+        let err = attempt(archs, stock);
+        assert!(err.contains("no source for host nosrc"), "{archs:?}: {err}");
+    }
+    // A CPU build has no architectures to check.
+    let err = err_text(build::build(
+        &sh,
+        &project,
+        &BuildArgs {
+            cpu: true,
+            ..BuildArgs::new("nosrc")
+        },
+    ));
+    assert!(err.contains("no source for host nosrc"), "{err}");
+}
+
+#[test]
+fn host_src_that_is_not_a_host_tree_is_refused_before_hashing() {
+    use std::os::unix::ffi::OsStrExt;
+
+    let f = Fixture::new();
+    f.write_host(
+        &format!("file://{}", f.upstream.display()),
+        &f.rev,
+        &f.hash,
+        "tree_markers = [\"CMakeLists.txt\", \"src/engine.c\", \"src/\"]\n",
+    );
+    let sh = Shell::new().unwrap();
+    let stray = f.tmp.join("stray");
+    write(&stray.join("notes.txt"), "not a host\n");
+    write(&stray.join("src"), "a file where the host has a folder\n");
+    // A name the tree hash refuses (not UTF-8): had hashing come first, it would fail on this.
+    std::fs::write(stray.join(std::ffi::OsStr::from_bytes(b"\xff")), "").unwrap();
+    let err = err_text(host::ensure_pristine(
+        &sh,
+        &f.project,
+        &f.host(),
+        Some(&stray),
+    ));
+    assert!(
+        err.contains(
+            "does not look like a fake tree: it has no CMakeLists.txt, src/engine.c, src/"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("cargo xtask host fetch --host fake") && err.contains("host pack"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("UTF-8") && !err.contains("pass that instead"),
+        "{err}"
+    );
+    assert!(!f.project.pristine_dir(HOST).exists());
+
+    // The folder above a checkout: the checkout inside is named.
+    let err = err_text(host::ensure_pristine(
+        &sh,
+        &f.project,
+        &f.host(),
+        Some(&f.tmp),
+    ));
+    let hint = format!("{} does: pass that instead", f.upstream.display());
+    assert!(err.contains(&hint), "{err}");
+
+    // The checkout itself passes the check and is verified.
+    let stamp = host::ensure_pristine(&sh, &f.project, &f.host(), Some(&f.upstream)).unwrap();
+    assert!(stamp.verified);
+}
+
+/// `| `cargo xtask …` | … |` rows of README.md's "Commands" section: the first cell of each, without
+/// its backticks and with `\|` unescaped.
+fn readme_command_synopses(readme: &str) -> Vec<String> {
+    let section = readme
+        .split_once("\n## Commands\n")
+        .map(|(_, rest)| rest.split("\n## ").next().unwrap_or_default())
+        .expect("README.md has no \"## Commands\" section");
+    let mut rows = Vec::new();
+    for line in section.lines().filter(|l| l.starts_with("| `cargo xtask")) {
+        let mut cell = String::new();
+        let mut chars = line[1..].chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if chars.peek() == Some(&'|') => cell.push(chars.next().unwrap()),
+                '|' => break,
+                _ => cell.push(c),
+            }
+        }
+        rows.push(cell.trim().trim_matches('`').to_owned());
+    }
+    rows
+}
+
+/// Whether `token` (a flag such as `--host` or `-j`, or `<dump>`) stands alone in `text`: not
+/// the start of a longer flag (`--host-src`).
+fn mentions(text: &str, token: &str) -> bool {
+    text.match_indices(token).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + token.len()..].chars().next();
+        let joins = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-');
+        !joins(before) && !joins(after)
+    })
+}
+
+/// Every leaf command of `cmd` (one without subcommands), with its path after `cargo xtask`.
+fn leaf_commands(cmd: &clap::Command, path: &str, out: &mut Vec<(String, clap::Command)>) {
+    let subcommands: Vec<&clap::Command> = cmd
+        .get_subcommands()
+        .filter(|s| s.get_name() != "help")
+        .collect();
+    if subcommands.is_empty() {
+        out.push((path.to_owned(), cmd.clone()));
+    }
+    for sub in subcommands {
+        let sub_path = format!("{path} {}", sub.get_name());
+        leaf_commands(sub, sub_path.trim(), out);
+    }
+}
+
+/// The README's command table is checked against the CLI's own definition (as rust-analyzer
+/// checks its generated docs): a row per command, every flag of the command in its row, and no
+/// flag in a row that the command lacks.
+#[test]
+fn readme_command_table_matches_the_cli() {
+    use clap::CommandFactory;
+
+    let readme = std::fs::read_to_string(repository().root.join("README.md")).unwrap();
+    let rows = readme_command_synopses(&readme);
+    let mut leaves = Vec::new();
+    leaf_commands(&crate::Cli::command(), "", &mut leaves);
+    assert!(leaves.len() > 10, "{} commands", leaves.len());
+
+    let mut problems = Vec::new();
+    let row_of = |path: &str| -> Vec<&String> {
+        let name = format!("cargo xtask {path}");
+        rows.iter()
+            .filter(|r| *r == &name || r.starts_with(&format!("{name} ")))
+            .collect()
+    };
+    for (path, cmd) in &leaves {
+        let args: Vec<&clap::Arg> = cmd
+            .get_arguments()
+            .filter(|a| !a.is_hide_set() && !["help", "version"].contains(&a.get_id().as_str()))
+            .collect();
+        let tokens: Vec<String> = args
+            .iter()
+            .flat_map(|a| {
+                let mut tokens = Vec::new();
+                if let Some(long) = a.get_long() {
+                    tokens.push(format!("--{long}"));
+                }
+                if let Some(short) = a.get_short() {
+                    tokens.push(format!("-{short}"));
+                }
+                if a.is_positional() {
+                    tokens.push(format!("<{}>", a.get_id()));
+                }
+                tokens
+            })
+            .collect();
+        let found = row_of(path);
+        let [row] = found.as_slice() else {
+            let listing = if tokens.is_empty() {
+                String::new()
+            } else {
+                format!(", listing {}", tokens.join(" "))
+            };
+            problems.push(match found.len() {
+                0 => format!("no row for `cargo xtask {path}`: add one{listing}"),
+                n => format!("{n} rows for `cargo xtask {path}`: keep one{listing}"),
+            });
+            continue;
+        };
+        for token in &tokens {
+            if !mentions(row, token) {
+                problems.push(format!("the row of `cargo xtask {path}` lacks {token}"));
+            }
+        }
+        // Flags the row names that the command does not have.
+        for (at, _) in row.match_indices("--") {
+            let flag: String = row[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            if !tokens.contains(&flag) {
+                problems.push(format!(
+                    "the row of `cargo xtask {path}` names {flag}, which the command does not have"
+                ));
+            }
+        }
+    }
+    for row in &rows {
+        let known = leaves.iter().any(|(path, _)| row_of(path).contains(&row));
+        if !known {
+            problems.push(format!("the row `{row}` is no command of the CLI"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "README.md's Commands table is out of date with the CLI (xtask/src/main.rs and the \
+         command modules); fix the table:\n  {}",
+        problems.join("\n  ")
+    );
+}

@@ -32,6 +32,20 @@ pub struct Cuda {
     pub driver: Option<DriverLibrary>,
 }
 
+impl Cuda {
+    /// The toolkit's include folder, to be passed to nvcc as a system include (-isystem) so that
+    /// warnings in its headers (cuda_fp4.hpp's unused parameters) are not reported for every file:
+    /// nvcc's own profile adds it with a plain -I, and only targets linked to CUDA::cudart get it
+    /// as a system folder from CMake. None where it is the compiler's default system folder
+    /// already (`-isystem /usr/include` breaks libstdc++'s #include_next).
+    pub fn system_include(&self) -> Option<PathBuf> {
+        let include = self.root.join("include");
+        let default_dirs = [Path::new("/usr/include"), Path::new("/usr/local/include")];
+        let canonical = include.canonicalize().ok()?;
+        (!default_dirs.contains(&canonical.as_path())).then_some(canonical)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriverLibrary {
     /// The NVIDIA driver's libcuda.so.1 is installed: binaries link and run here.
@@ -358,6 +372,29 @@ mod tests {
         let marker = format!("layout {TOOLCHAIN_LAYOUT}\ncmake==1.0\n");
         std::fs::write(installed.join(".complete"), marker).unwrap();
         assert_eq!(look(&sh).unwrap(), installed);
+    }
+
+    #[test]
+    fn toolkit_headers_are_system_includes_except_the_compilers_own() {
+        let cuda = |root: &Path| Cuda {
+            nvcc: Tool {
+                path: root.join("bin/nvcc"),
+                origin: "test",
+            },
+            root: root.to_path_buf(),
+            driver: None,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(cuda(dir.path()).system_include(), None, "no include/");
+        std::fs::create_dir_all(dir.path().join("include")).unwrap();
+        assert_eq!(
+            cuda(dir.path()).system_include(),
+            Some(dir.path().join("include").canonicalize().unwrap())
+        );
+        // A distribution's toolkit in /usr: its headers are in the compiler's default folder.
+        if Path::new("/usr/include").is_dir() {
+            assert_eq!(cuda(Path::new("/usr")).system_include(), None);
+        }
     }
 
     #[test]
