@@ -302,7 +302,9 @@ pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
             Some(DriverLibrary::Stub) => {
                 // As llama.cpp's own CUDA containers do: executables leave the driver's symbols
                 // to the real libcuda.so.1 of the machine they run on.
-                note("linking against the CUDA driver stub: binaries run where the NVIDIA driver is installed");
+                if !args.overlay_only {
+                    note("linking against the CUDA driver stub: binaries run where the NVIDIA driver is installed");
+                }
                 defines.push((
                     "CMAKE_EXE_LINKER_FLAGS".into(),
                     "-Wl,--allow-shlib-undefined".into(),
@@ -354,7 +356,8 @@ pub fn build(sh: &Shell, project: &Project, args: &BuildArgs) -> Result<Built> {
     Ok(Built {
         build_dir,
         binaries,
-        driver_stub: cuda.is_some_and(|c| c.driver == Some(DriverLibrary::Stub)),
+        driver_stub: !args.overlay_only
+            && cuda.is_some_and(|c| c.driver == Some(DriverLibrary::Stub)),
     })
 }
 
