@@ -359,16 +359,13 @@ fn check_tree_shape(
         .unwrap_or_default();
     inside.sort();
     if let Some(tree) = inside.first() {
-        message.push_str(&format!(
-            "
-  {} does: pass that instead",
-            tree.display()
-        ));
+        message.push_str(&format!("\n  {} does: pass that instead", tree.display()));
     }
     let name = &host.name;
     message.push_str(&format!(
-        "
-The pinned source: `cargo xtask host fetch --host {name}` gets it (git, else the mirror);          on a machine without network, pass the archive that `cargo xtask host pack --host {name}`          writes elsewhere as --host-src FILE."
+        "\nThe pinned source: `cargo xtask host fetch --host {name}` gets it (git, else the \
+         mirror); on a machine without network, pass the archive that `cargo xtask host pack \
+         --host {name}` writes elsewhere as --host-src FILE."
     ));
     bail!(message)
 }
