@@ -40,9 +40,11 @@ struct stats_at_exit {
             std::fprintf(stderr, "FlashRT stats:   %-24s hits %8llu  nodes %8llu\n", windows[w].name,
                          (unsigned long long) stats.hits[w].load(), (unsigned long long) stats.covered[w].load());
         }
-        std::fprintf(stderr, "FlashRT stats: repack cache %llu tensor(s), %.2f MiB; %llu conversion(s) per use\n",
+        std::fprintf(stderr, "FlashRT stats: repack cache %llu tensor(s), %.2f MiB; %llu conversion(s) per use; "
+                     "%llu tensor(s), %.2f MiB refused (device memory short)\n",
                      (unsigned long long) stats.repack_tensors.load(), stats.repack_bytes.load() / (1024.0 * 1024.0),
-                     (unsigned long long) stats.repack_per_use.load());
+                     (unsigned long long) stats.repack_per_use.load(), (unsigned long long) stats.repack_refused.load(),
+                     stats.repack_refused_bytes.load() / (1024.0 * 1024.0));
         std::fprintf(stderr, "FlashRT stats: counts are per captured graph; CUDA graph replays reuse them\n");
     }
 };

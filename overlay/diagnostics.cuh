@@ -23,6 +23,8 @@ struct flashrt_stats {
     std::atomic<uint64_t> repack_tensors{ 0 };  // weights put into the repack cache
     std::atomic<uint64_t> repack_bytes{ 0 };    // their size in the cache
     std::atomic<uint64_t> repack_per_use{ 0 };  // conversions made at run time instead (not cached)
+    std::atomic<uint64_t> repack_refused{ 0 };  // weights not cached for want of free device memory
+    std::atomic<uint64_t> repack_refused_bytes{ 0 };
 };
 
 bool flashrt_debug_enabled();

@@ -1,14 +1,25 @@
 #include "registry.cuh"
+#include "windows/attnqkv.cuh"
 #include "windows/gdn-gated-norm.cuh"
+#include "windows/head.cuh"
+#include "windows/inproj.cuh"
+#include "windows/matvec.cuh"
 #include "windows/shexp-gate.cuh"
 
 const char * const flashrt_miss_anchor = "anchor op";
 
+// Tried in this order at each node. The norm-fed GEMV windows come before MATVEC, which takes
+// whatever matvecs they leave.
 static const flashrt_window flashrt_registry[] = {
     { "GDN_GATED_NORM", flashrt_tier::safe, 900, flashrt_match_gdn_gated_norm, flashrt_run_gdn_gated_norm, nullptr },
     // full: no measured gain on qwen36 decode, and F16 gates differ from stock (docs/perf-notes.md).
     { "SHEXP_GATE", flashrt_tier::full, 900, flashrt_match_shexp_gate, flashrt_run_shexp_gate,
       flashrt_prepare_shexp_gate },
+    // full until the device A/B puts them in safe (docs/perf-notes.md, decode GEMV).
+    { "INPROJ", flashrt_tier::full, 900, flashrt_match_inproj, flashrt_run_inproj, flashrt_prepare_inproj },
+    { "ATTNQKV", flashrt_tier::full, 900, flashrt_match_attnqkv, flashrt_run_attnqkv, flashrt_prepare_attnqkv },
+    { "HEAD", flashrt_tier::full, 900, flashrt_match_head, flashrt_run_head, flashrt_prepare_head },
+    { "MATVEC", flashrt_tier::full, 900, flashrt_match_matvec, flashrt_run_matvec, flashrt_prepare_matvec },
 };
 
 const flashrt_window * flashrt_windows(int * n_windows) {

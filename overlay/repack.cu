@@ -2,6 +2,7 @@
 #include "diagnostics.cuh"
 
 #include "convert.cuh"
+#include "gemv.cuh"
 
 #include <cstdlib>
 #include <cstring>
@@ -23,8 +24,16 @@ bool flashrt_repack_supported(const ggml_tensor * w, flashrt_layout layout) {
             // Exact conversions only: quantized types would change what the window computes.
             return ggml_is_contiguous(w) &&
                    (w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16);
+        case flashrt_layout::gemv:
+            // A reordering of the same blocks: lossless by construction.
+            return ggml_is_contiguous(w) && w->ne[2] == 1 && w->ne[3] == 1 && w->ne[0] % 256 == 0 &&
+                   w->ne[1] <= INT32_MAX && (w->type == GGML_TYPE_Q6_K || w->type == GGML_TYPE_Q8_0);
     }
     return false;
+}
+
+static frt_gemv_type gemv_source_type(const ggml_tensor * w) {
+    return w->type == GGML_TYPE_Q6_K ? FRT_GEMV_Q6_K : FRT_GEMV_Q8_0;
 }
 
 struct flashrt_repack_key {
@@ -80,6 +89,10 @@ static void convert(const ggml_tensor * w, flashrt_layout layout, void * dst, cu
             to_f32(w->data, (float *) dst, ggml_nelements(w), stream);
             break;
         }
+        case flashrt_layout::gemv:
+            CUDA_CHECK(frt_gemv_repack(gemv_source_type(w), w->data, w->nb[1], (int) w->ne[1], (int) w->ne[0], dst,
+                                       stream));
+            break;
     }
 }
 
@@ -87,8 +100,20 @@ static size_t layout_bytes(const ggml_tensor * w, flashrt_layout layout) {
     switch (layout) {
         case flashrt_layout::f32:
             return ggml_nelements(w) * sizeof(float);
+        case flashrt_layout::gemv:
+            return (size_t) w->ne[1] *
+                   frt_gemv_row_bytes(frt_gemv_repacked_type(gemv_source_type(w)), (int) w->ne[0]);
     }
     return 0;
+}
+
+// Device memory an entry must leave free (a KV cache or compute buffer may still grow).
+static size_t reserve_bytes() {
+    static const size_t reserve = [] {
+        const char * v = std::getenv("GGML_CUDA_FLASHRT_REPACK_RESERVE_MIB");
+        return (size_t) (v ? std::atoll(v) : 1024) * 1024 * 1024;
+    }();
+    return reserve;
 }
 
 void flashrt_repack_prepare(ggml_backend_cuda_context & ctx, const ggml_tensor * w, flashrt_layout layout) {
@@ -104,6 +129,20 @@ void flashrt_repack_prepare(ggml_backend_cuda_context & ctx, const ggml_tensor *
     }
     const size_t bytes = layout_bytes(w, layout);
     ggml_cuda_set_device(ctx.device);
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    if (free < bytes + reserve_bytes()) {
+        flashrt_stats & stats = flashrt_global_stats();
+        if (stats.repack_refused.fetch_add(1) == 0) {
+            GGML_LOG_WARN("FlashRT: repack cache: device %d has %zu MiB free, keeping %zu MiB: weights from %s on are "
+                          "read in place (slower); set GGML_CUDA_FLASHRT_REPACK_RESERVE_MIB to change the reserve\n",
+                          ctx.device, free >> 20, reserve_bytes() >> 20, w->name);
+        }
+        stats.repack_refused_bytes += bytes;
+        // Remember the refusal: the next graph must not try (and log) again.
+        c.entries.emplace(key, flashrt_repack_entry{ nullptr, 0 });
+        return;
+    }
     void * data = nullptr;
     CUDA_CHECK(cudaMalloc(&data, bytes));
     convert(w, layout, data, ctx.stream());
@@ -113,9 +152,21 @@ void flashrt_repack_prepare(ggml_backend_cuda_context & ctx, const ggml_tensor *
     flashrt_global_stats().repack_bytes += bytes;
 }
 
+const void * flashrt_repack_lookup(ggml_backend_cuda_context & ctx, const ggml_tensor * w, flashrt_layout layout) {
+    if (!flashrt_repack_cache_enabled() || !is_weight(w)) {
+        return nullptr;
+    }
+    flashrt_repack_table & c = cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    const auto it = c.entries.find(key_of(ctx, w, layout));
+    return it == c.entries.end() ? nullptr : it->second.data;
+}
+
 flashrt_repacked::flashrt_repacked(ggml_backend_cuda_context & ctx, const ggml_tensor * w, flashrt_layout layout,
                                    const char * window)
     : scratch(ctx.pool()) {
+    // gemv layouts are only looked up (flashrt_repack_lookup): the kernel reads the GGUF layout too.
+    GGML_ASSERT(layout == flashrt_layout::f32);
     if (!flashrt_repack_supported(w, layout)) {
         GGML_ABORT("FlashRT window %s: weight %s (%s) cannot be repacked; its predicate should have rejected it",
                    window, w->name, ggml_type_name(w->type));
@@ -128,7 +179,7 @@ flashrt_repacked::flashrt_repacked(ggml_backend_cuda_context & ctx, const ggml_t
         flashrt_repack_table & c = cache();
         std::lock_guard<std::mutex> lock(c.mutex);
         const auto it = c.entries.find(key_of(ctx, w, layout));
-        if (it != c.entries.end()) {
+        if (it != c.entries.end() && it->second.data != nullptr) {
             data = it->second.data;
             return;
         }
@@ -150,7 +201,9 @@ void flashrt_repack_free(ggml_backend_cuda_context & ctx) {
     for (auto it = c.entries.begin(); it != c.entries.end();) {
         if (it->first.ctx == &ctx) {
             ggml_cuda_set_device(ctx.device);
-            CUDA_CHECK(cudaFree(it->second.data));
+            if (it->second.data != nullptr) {
+                CUDA_CHECK(cudaFree(it->second.data));
+            }
             it = c.entries.erase(it);
         } else {
             ++it;

@@ -9,11 +9,16 @@
 // cached: their contents never change while they live. Anything else, and everything when
 // GGML_CUDA_FLASHRT_NO_CACHE=1, is converted per use into ctx.pool() memory. test-backend-ops
 // reuses buffers at the same addresses with new contents, hence the switch.
+//
+// Memory: an entry is made only while the device keeps GGML_CUDA_FLASHRT_REPACK_RESERVE_MIB
+// (default 1024) free after it; otherwise it is refused, one line says so, and the window reads
+// the weight in place (or converts per use). FRT_STATS reports what is cached and refused.
 
 #include "common.cuh"
 
 enum class flashrt_layout {
-    f32,  // the tensor's elements as contiguous F32
+    f32,   // the tensor's elements as contiguous F32
+    gemv,  // Q6_K / Q8_0 matrices in the decode GEMV's aligned layout (gemv.cuh; same bytes, reordered)
 };
 
 // GGML_CUDA_FLASHRT_NO_CACHE is not 1.
@@ -25,6 +30,11 @@ bool flashrt_repack_supported(const ggml_tensor * w, flashrt_layout layout);
 // Begin-graph hook only: makes sure `w` is cached in `layout` for ctx's device if it is a
 // weight and the cache is on. Never during capture.
 void flashrt_repack_prepare(ggml_backend_cuda_context & ctx, const ggml_tensor * w, flashrt_layout layout);
+
+// The cached copy of `w` in `layout` for ctx's device, or nullptr (not cached: cache off, not a
+// weight, refused for want of memory, or not prepared). For layouts a kernel can also read in
+// place more slowly (gemv), where no per-use conversion is worth making.
+const void * flashrt_repack_lookup(ggml_backend_cuda_context & ctx, const ggml_tensor * w, flashrt_layout layout);
 
 // `w` in `layout`, as a window's kernel reads it: w->data itself when it already is in that
 // layout, the cached copy, or a conversion made now on ctx.stream() into `scratch` (capture-safe).

@@ -87,18 +87,26 @@ impl WindowKernels {
         Ok(toml::from_str(text)?)
     }
 
-    /// The window a kernel (its function name) belongs to. An overlay kernel (frt_*) that no
-    /// window lists gets a name that says so.
+    /// The window a kernel (its function name) belongs to. A kernel that several windows launch
+    /// (the decode GEMV) is put under all of them, joined by `+` (`--window-off` separates them).
+    /// An overlay kernel (frt_*) that no window lists gets a name that says so.
     pub fn window_of(&self, function: &str) -> Option<String> {
-        let listed = self.prefixes.iter().find(|(_, prefixes)| {
-            prefixes
-                .iter()
-                .any(|p| !p.is_empty() && function.starts_with(p.as_str()))
-        });
-        match listed {
-            Some((window, _)) => Some(window.clone()),
-            None if function.starts_with("frt_") => Some(format!("? (not in {WINDOW_KERNELS})")),
-            None => None,
+        let listed: Vec<&str> = self
+            .prefixes
+            .iter()
+            .filter(|(_, prefixes)| {
+                prefixes
+                    .iter()
+                    .any(|p| !p.is_empty() && function.starts_with(p.as_str()))
+            })
+            .map(|(window, _)| window.as_str())
+            .collect();
+        if !listed.is_empty() {
+            Some(listed.join("+"))
+        } else if function.starts_with("frt_") {
+            Some(format!("? (not in {WINDOW_KERNELS})"))
+        } else {
+            None
         }
     }
 }
@@ -534,6 +542,14 @@ mod tests {
             .unwrap()
             .contains("not in overlay/window-kernels.toml"));
         assert!(WindowKernels::parse("GDN = \"frt_a\"\n").is_err());
+        let shared = WindowKernels::parse(
+            "INPROJ = [\"frt_gemv\"]\nHEAD = [\"frt_gemv\"]\nX = [\"frt_x\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            shared.window_of("frt_gemv_kernel<4>").as_deref(),
+            Some("HEAD+INPROJ")
+        );
     }
 
     #[test]

@@ -1,0 +1,21 @@
+#include "attnqkv.cuh"
+#include "gemv-pack.cuh"
+
+flashrt_match flashrt_match_attnqkv(const ggml_cgraph * cgraph, int i) {
+    flashrt_gemv_pack pack;
+    if (const char * miss = flashrt_gemv_match_norm_pack(cgraph, i, pack)) {
+        return flashrt_miss(miss);
+    }
+    if (!flashrt_gemv_pack_reads(cgraph, pack, { "attn_q.", "attn_k.", "attn_v." })) {
+        return flashrt_miss("no attention q/k/v projection among the readers");
+    }
+    return flashrt_gemv_match(pack, i, 2);
+}
+
+void flashrt_run_attnqkv(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
+    flashrt_gemv_run_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, true), "ATTNQKV");
+}
+
+void flashrt_prepare_attnqkv(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m) {
+    flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, true));
+}

@@ -1,0 +1,341 @@
+#include "gemv-pack.cuh"
+
+#include "../repack.cuh"
+
+#include <algorithm>
+#include <cstring>
+
+// How far after a value its readers are searched. A qwen35moe Gated DeltaNet layer reads its normed
+// input ~45 nodes after the norm; the bound keeps the begin-graph hook's predicate pass linear.
+static constexpr int flashrt_gemv_lookahead = 160;
+
+static frt_gemv_type gemv_type_of(ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_F32:  return FRT_GEMV_F32;
+        case GGML_TYPE_F16:  return FRT_GEMV_F16;
+        case GGML_TYPE_BF16: return FRT_GEMV_BF16;
+        case GGML_TYPE_Q4_K: return FRT_GEMV_Q4_K;
+        case GGML_TYPE_Q5_K: return FRT_GEMV_Q5_K;
+        case GGML_TYPE_Q6_K: return FRT_GEMV_Q6_K;
+        case GGML_TYPE_Q8_0: return FRT_GEMV_Q8_0;
+        default:             return FRT_GEMV_TYPE_COUNT;
+    }
+}
+
+static bool is_expert_matvec(const ggml_tensor * t) {
+    return t->op == GGML_OP_MUL_MAT_ID;
+}
+
+// The input vectors of a segment node (MUL_MAT: src[1]; MUL_MAT_ID: src[1] too, ids in src[2]).
+static const ggml_tensor * segment_input(const ggml_tensor * node) {
+    return node->src[1];
+}
+
+const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor * input) {
+    if (mm->op != GGML_OP_MUL_MAT && mm->op != GGML_OP_MUL_MAT_ID) {
+        return "a reader is not a matvec";
+    }
+    if (mm->src[1] != input) {
+        return "a matvec reads another input";
+    }
+    if ((mm->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+        return "a matvec is not to be computed";
+    }
+    const ggml_tensor * w = mm->src[0];
+    if (gemv_type_of(w->type) == FRT_GEMV_TYPE_COUNT) {
+        return "weight type";
+    }
+    if (!ggml_is_contiguous(w) || w->ne[3] != 1 || (!is_expert_matvec(mm) && w->ne[2] != 1)) {
+        return "weight layout";
+    }
+    if (w->ne[0] % 256 != 0 || w->ne[1] > INT32_MAX) {
+        return "weight shape (columns not a multiple of 256)";
+    }
+    if (input->type != GGML_TYPE_F32 || !ggml_is_contiguous(input) || input->ne[3] != 1) {
+        return "input layout";
+    }
+    if (mm->type != GGML_TYPE_F32 || !ggml_is_contiguous(mm)) {
+        return "output layout";
+    }
+    if (is_expert_matvec(mm)) {
+        const ggml_tensor * ids = mm->src[2];
+        if (ids->type != GGML_TYPE_I32 || ids->nb[0] != sizeof(int32_t) || ids->ne[1] != input->ne[2]) {
+            return "expert ids layout";
+        }
+        if (input->ne[2] > FLASHRT_GEMV_MAX_TOKENS) {
+            return "batch (more than 8 tokens)";
+        }
+        if (input->ne[1] != 1 && input->ne[1] != ids->ne[0]) {
+            return "expert inputs neither shared nor one per expert";
+        }
+        if ((int64_t) ids->ne[0] * input->ne[2] > FRT_GEMV_MAX_SLOTS) {
+            return "too many expert slots";
+        }
+    } else if (input->ne[1] > FLASHRT_GEMV_MAX_TOKENS || input->ne[2] != 1) {
+        return "batch (more than 8 tokens)";
+    }
+    return nullptr;
+}
+
+// Two readers of one input can share a launch when they read it the same way: plain matvecs, or
+// expert matvecs with the same ids.
+static bool same_launch(const ggml_tensor * a, const ggml_tensor * b) {
+    return a->op == b->op && (a->op != GGML_OP_MUL_MAT_ID || a->src[2] == b->src[2]);
+}
+
+const char * flashrt_gemv_collect_all_consumers(const ggml_cgraph * cgraph, int value, flashrt_gemv_pack & pack) {
+    const ggml_tensor * v = cgraph->nodes[value];
+    if (v->flags & GGML_TENSOR_FLAG_OUTPUT) {
+        return "the value is a graph output";
+    }
+    pack = flashrt_gemv_pack();
+    int found = 0;
+    const int end = std::min(cgraph->n_nodes, value + 1 + flashrt_gemv_lookahead);
+    for (int j = value + 1; j < end; ++j) {
+        const ggml_tensor * t = cgraph->nodes[j];
+        for (int s = 0; s < GGML_MAX_SRC; ++s) {
+            if (t->src[s] != v) {
+                continue;
+            }
+            ++found;
+            if (const char * miss = flashrt_gemv_segment_miss(t, v)) {
+                return miss;
+            }
+            if (t->op != GGML_OP_MUL_MAT) {
+                return "a reader is an expert matvec (ids computed later)";
+            }
+            if (pack.n == FRT_GEMV_MAX_SEGMENTS) {
+                return "more readers than one launch takes";
+            }
+            pack.nodes[pack.n++] = j;
+        }
+    }
+    if (pack.n == 0) {
+        return "no reader";
+    }
+    if (found != ggml_node_get_use_count(cgraph, value)) {
+        return "a reader lies beyond the lookahead";
+    }
+    return nullptr;
+}
+
+const char * flashrt_gemv_collect_same_input(const ggml_cgraph * cgraph, int first, flashrt_gemv_pack & pack) {
+    const ggml_tensor * anchor = cgraph->nodes[first];
+    if (anchor->op != GGML_OP_MUL_MAT && anchor->op != GGML_OP_MUL_MAT_ID) {
+        return flashrt_miss_anchor;
+    }
+    const ggml_tensor * input = segment_input(anchor);
+    if (const char * miss = flashrt_gemv_segment_miss(anchor, input)) {
+        return miss;
+    }
+    pack = flashrt_gemv_pack();
+    pack.nodes[pack.n++] = first;
+    const int end = std::min(cgraph->n_nodes, first + 1 + flashrt_gemv_lookahead);
+    for (int j = first + 1; j < end && pack.n < FRT_GEMV_MAX_SEGMENTS; ++j) {
+        const ggml_tensor * t = cgraph->nodes[j];
+        if (segment_input(t) == input && same_launch(t, anchor) && flashrt_gemv_segment_miss(t, input) == nullptr) {
+            pack.nodes[pack.n++] = j;
+        }
+    }
+    return nullptr;
+}
+
+static bool overlaps_any_source(const ggml_tensor * t, const ggml_tensor * out) {
+    for (int s = 0; s < GGML_MAX_SRC; ++s) {
+        if (t->src[s] != nullptr && t->src[s]->data != nullptr && flashrt_overlaps(t->src[s], out)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+const char * flashrt_gemv_claims_safe(const ggml_cgraph * cgraph, int run_at, const flashrt_gemv_pack & pack,
+                                      const ggml_tensor * x) {
+    for (int p = 0; p < pack.n; ++p) {
+        const ggml_tensor * out = cgraph->nodes[pack.nodes[p]];
+        if (flashrt_overlaps(out, x)) {
+            return "memory: an output overlaps the input";
+        }
+        for (int q = 0; q < pack.n; ++q) {
+            const ggml_tensor * w = cgraph->nodes[pack.nodes[q]]->src[0];
+            if (flashrt_overlaps(out, w) || (q != p && flashrt_overlaps(out, cgraph->nodes[pack.nodes[q]]))) {
+                return "memory: outputs overlap each other or a weight";
+            }
+        }
+        // Everything the loop would have run before this node must leave its memory alone.
+        for (int t = run_at; t < pack.nodes[p]; ++t) {
+            const ggml_tensor * node = cgraph->nodes[t];
+            bool in_pack = false;
+            for (int q = 0; q < pack.n; ++q) {
+                in_pack = in_pack || pack.nodes[q] == t;
+            }
+            if (in_pack) {
+                continue;  // checked above
+            }
+            if ((node->data != nullptr && flashrt_overlaps(node, out)) || overlaps_any_source(node, out)) {
+                return "memory: a node before a claimed matvec uses its output's buffer";
+            }
+        }
+    }
+    return nullptr;
+}
+
+flashrt_match flashrt_gemv_match(const flashrt_gemv_pack & pack, int i, int n_nodes) {
+    flashrt_match m = flashrt_hit(n_nodes);
+    for (int p = 0; p < pack.n; ++p) {
+        if (pack.nodes[p] >= i + n_nodes) {
+            m.claimed[m.n_claimed++] = pack.nodes[p];
+        }
+    }
+    return m;
+}
+
+flashrt_gemv_pack flashrt_gemv_pack_of(const flashrt_match & m, int i, bool norm_folded) {
+    flashrt_gemv_pack pack;
+    if (norm_folded) {
+        pack.norm = i;
+    } else {
+        for (int k = 0; k < m.n_nodes; ++k) {
+            pack.nodes[pack.n++] = i + k;
+        }
+    }
+    for (int k = 0; k < m.n_claimed; ++k) {
+        pack.nodes[pack.n++] = m.claimed[k];
+    }
+    return pack;
+}
+
+// The launch's arguments; with ctx, dense Q6_K/Q8_0 weights come from the repack cache when there.
+static void fill_args(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
+                      frt_gemv_args & a) {
+    a = frt_gemv_args();
+    const ggml_tensor * first = cgraph->nodes[pack.nodes[0]];
+    const ggml_tensor * input = segment_input(first);
+    const ggml_tensor * x = input;
+    if (pack.norm >= 0) {
+        const ggml_tensor * norm = cgraph->nodes[pack.norm];
+        const ggml_tensor * mul = cgraph->nodes[pack.norm + 1];
+        x = norm->src[0];
+        a.norm = (const float *) (mul->src[0] == norm ? mul->src[1] : mul->src[0])->data;
+        std::memcpy(&a.eps, norm->op_params, sizeof(float));
+    }
+    a.x = (const float *) x->data;
+    a.k = (int) input->ne[0];
+    if (is_expert_matvec(first)) {
+        a.tokens = (int) input->ne[2];
+        a.x_per_token = (int) input->ne[1];
+        a.x_stride = (a.x_per_token == 1 ? input->nb[2] : input->nb[1]) / sizeof(float);
+    } else {
+        a.tokens = (int) input->ne[1];
+        a.x_per_token = 1;
+        a.x_stride = x->nb[1] / sizeof(float);
+    }
+    a.n_segments = pack.n;
+    for (int p = 0; p < pack.n; ++p) {
+        const ggml_tensor * node = cgraph->nodes[pack.nodes[p]];
+        const ggml_tensor * w = node->src[0];
+        frt_gemv_segment & s = a.seg[p];
+        s.type = gemv_type_of(w->type);
+        s.w = w->data;
+        s.rows = (int) w->ne[1];
+        s.row_stride = w->nb[1];
+        s.out = (float *) node->data;
+        s.out_stride = node->nb[1] / sizeof(float);
+        s.epilogue = FRT_GEMV_STORE;
+        if (is_expert_matvec(node)) {
+            const ggml_tensor * ids = node->src[2];
+            s.ids = (const int32_t *) ids->data;
+            s.ids_stride = ids->nb[1] / sizeof(int32_t);
+            s.n_used = (int) ids->ne[0];
+            s.n_experts = (int) w->ne[2];
+            s.expert_stride = w->nb[2];
+        } else if (ctx != nullptr && flashrt_repack_supported(w, flashrt_layout::gemv)) {
+            if (const void * repacked = flashrt_repack_lookup(*ctx, w, flashrt_layout::gemv)) {
+                s.type = frt_gemv_repacked_type(s.type);
+                s.w = repacked;
+                s.row_stride = frt_gemv_row_bytes(s.type, a.k);
+            }
+        }
+    }
+}
+
+// What the kernel itself refuses (alignment, shared memory), asked with the GGUF layout.
+static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack) {
+    frt_gemv_args a;
+    fill_args(nullptr, cgraph, pack, a);
+    return frt_gemv_unsupported(a);
+}
+
+void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
+                           const char * window) {
+    frt_gemv_args a;
+    fill_args(&ctx, cgraph, pack, a);
+    FLASHRT_CHECK(window, frt_gemv(a, ctx.stream()));
+}
+
+void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
+                               const flashrt_gemv_pack & pack) {
+    for (int p = 0; p < pack.n; ++p) {
+        const ggml_tensor * node = cgraph->nodes[pack.nodes[p]];
+        if (!is_expert_matvec(node) && flashrt_repack_supported(node->src[0], flashrt_layout::gemv)) {
+            flashrt_repack_prepare(ctx, node->src[0], flashrt_layout::gemv);
+        }
+    }
+}
+
+const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack) {
+    const ggml_tensor * norm = cgraph->nodes[i];
+    if (norm->op != GGML_OP_RMS_NORM) {
+        return flashrt_miss_anchor;
+    }
+    if (i + 2 >= cgraph->n_nodes) {
+        return "graph ends";
+    }
+    const ggml_tensor * mul = cgraph->nodes[i + 1];
+    if (mul->op != GGML_OP_MUL || (mul->src[0] != norm && mul->src[1] != norm)) {
+        return "the norm is not followed by its weight MUL";
+    }
+    const ggml_tensor * weight = mul->src[0] == norm ? mul->src[1] : mul->src[0];
+    const ggml_tensor * x = norm->src[0];
+    if (!ggml_node_has_n_uses(cgraph, i, 1)) {
+        return "the norm is read by more than its MUL";
+    }
+    if (x->type != GGML_TYPE_F32 || weight->type != GGML_TYPE_F32 || !ggml_is_contiguous(weight) ||
+        ggml_nelements(weight) != x->ne[0] || x->nb[0] != sizeof(float) || x->ne[2] != 1 || x->ne[3] != 1) {
+        return "norm shapes (one weight vector over F32 rows)";
+    }
+    if ((norm->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || (mul->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+        return "the norm is not to be computed";
+    }
+    if (const char * miss = flashrt_gemv_collect_all_consumers(cgraph, i + 1, pack)) {
+        return miss;
+    }
+    pack.norm = i;
+    if (const char * miss = kernel_miss(cgraph, pack)) {
+        return miss;
+    }
+    return flashrt_gemv_claims_safe(cgraph, i, pack, x);
+}
+
+const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack) {
+    if (const char * miss = flashrt_gemv_collect_same_input(cgraph, i, pack)) {
+        return miss;
+    }
+    if (const char * miss = kernel_miss(cgraph, pack)) {
+        return miss;
+    }
+    return flashrt_gemv_claims_safe(cgraph, i, pack, segment_input(cgraph->nodes[i]));
+}
+
+bool flashrt_gemv_pack_reads(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
+                             std::initializer_list<const char *> parts) {
+    for (int p = 0; p < pack.n; ++p) {
+        const char * name = cgraph->nodes[pack.nodes[p]]->src[0]->name;
+        for (const char * part : parts) {
+            if (std::strstr(name, part) != nullptr) {
+                return true;
+            }
+        }
+    }
+    return false;
+}

@@ -1,0 +1,67 @@
+#pragma once
+
+// Shared glue of the windows that run weight matvecs through the decode GEMV kernel
+// (vendor/csrc/gemv.cuh): a *pack* is a set of MUL_MAT nodes of one graph that read the same
+// input vector(s), computed by one frt_gemv launch, optionally with the RMS norm that produced
+// that input folded into the kernel's prologue. The first node of the pack is where it runs; the
+// others are claimed (registry.cuh) and skipped when the node loop reaches them.
+
+#include "window-util.cuh"
+
+#include "gemv.cuh"
+
+#include <initializer_list>
+
+struct flashrt_gemv_pack {
+    int n = 0;                           // MUL_MAT nodes, ascending
+    int nodes[FRT_GEMV_MAX_SEGMENTS] = {};
+    int norm = -1;                       // the RMS_NORM node folded into the prologue, or -1
+};
+
+// Decode only: at most this many tokens (speculative verify batches); larger batches run stock.
+constexpr int FLASHRT_GEMV_MAX_TOKENS = FRT_GEMV_MAX_TOKENS;
+
+// Why the dense MUL_MAT `mm` cannot be a segment reading `input` (nullptr: it can).
+const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor * input);
+
+// Every node that reads cgraph->nodes[value] directly, searched after it: all must be segments
+// (MUL_MAT with src[1] == value); fills `pack`. nullptr on success, else why not.
+const char * flashrt_gemv_collect_all_consumers(const ggml_cgraph * cgraph, int value, flashrt_gemv_pack & pack);
+
+// The dense MUL_MATs from node `first` on that read the same src[1] as node `first` (which must
+// be one), as many as fit; nullptr on success, else why not.
+const char * flashrt_gemv_collect_same_input(const ggml_cgraph * cgraph, int first, flashrt_gemv_pack & pack);
+
+// Whether the pack's nodes after the run can be computed at node `run_at`: nothing in between may
+// read or write their memory, which the allocator may lend out until they are computed. nullptr
+// when safe, else why not. Also checks the pack's outputs against the launch's inputs.
+const char * flashrt_gemv_claims_safe(const ggml_cgraph * cgraph, int run_at, const flashrt_gemv_pack & pack,
+                                      const ggml_tensor * x);
+
+// The match for a pack that runs at node i covering n_nodes nodes from i, claiming the rest.
+flashrt_match flashrt_gemv_match(const flashrt_gemv_pack & pack, int i, int n_nodes);
+
+// The pack back from a match made by flashrt_gemv_match: the matvecs in the run (from i, when the
+// run is not a folded norm) and the claimed ones.
+flashrt_gemv_pack flashrt_gemv_pack_of(const flashrt_match & m, int i, bool norm_folded);
+
+// Runs the pack on ctx.stream(): x is the launch input (the norm's input when folded).
+void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
+                           const char * window);
+
+// Begin-graph hook: the repacked copies of the pack's Q6_K / Q8_0 weights.
+void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
+                               const flashrt_gemv_pack & pack);
+
+// The pack of a norm-fed window at node i: RMS_NORM, its weight MUL, and every reader of the normed
+// value a dense matvec (the norm runs in the kernel's prologue). nullptr on a hit, else why not.
+const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack);
+
+// The pack of matvecs at node i (MUL_MAT or MUL_MAT_ID) and the later ones reading the same input
+// the same way. nullptr on a hit, else why not.
+const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack);
+
+// Whether any weight of the pack has a name containing one of `parts` (llama.cpp's GGUF tensor
+// names, e.g. "attn_qkv"): how the norm-fed windows tell a layer's projections apart.
+bool flashrt_gemv_pack_reads(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
+                             std::initializer_list<const char *> parts);
