@@ -1,0 +1,486 @@
+// Decode GEMV microbenchmark, our side (issue 10): frt_gemv (vendor/csrc/gemv.cu) at every weight
+// matvec shape of a qwen36-35b-a3b decode step (the names of bench/tools/gemv-stock.cpp, which
+// times stock ggml; bench/tools/gemv-table.py joins the two) plus the packs our windows launch as
+// one kernel, at 1..8 tokens.
+//
+// Each (shape, tokens) is a CUDA graph of L launches, launch i reading weight copy i % C (C copies
+// of >= --stream-mib MiB in all, default 120: twice the H200's L2, so each launch reads DRAM; the
+// LM head alone is 417 MB) and, for experts, the i-th of 32 disjoint selections of 8 of 256
+// experts a token. The time per launch is the median over replays of the graph's time / L, so it
+// includes what a launch costs inside a graph, as in decode (with programmatic dependent launch
+// between neighbours, as ggml-cuda launches). Per row: bytes = the GGUF bytes of the weights read
+// (experts: 8 distinct matrices a token; repacked Q6_K rows of k = 512 are 2.9% longer than GGUF's,
+// not counted), floor = bytes / 4.38 TB/s, budget = bytes / (0.7 x 4.38 TB/s) + 1.5 us, achieved
+// TB/s, pass = within the budget. Before timing, one launch is checked against the float64
+// reference of vendor/csrc/tests/test-gemv-reference.cuh on up to 512 rows a segment (fatal: the
+// benchmark would time something else than the product).
+//
+// Writes one JSON line per (shape, tokens) to OUT (keys shape, out, in, type, tokens, bytes,
+// us_median as gemv-stock's, plus impl "frt", experts, us_min, us_max, floor_us, budget_us, tbps,
+// pass, launches, copies) and prints a markdown table last.
+//
+// Usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] [--stream-mib 120]
+//                  [--graph-ms 2] [--list]
+//   --graph-ms: the least work a graph holds (launches = max(copies, 32 for experts, this / floor))
+// Build (device): nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu \
+//     vendor/csrc/*.cu -o gemv-bench
+
+#include "cuda-check.cuh"
+#include "gemv.cuh"
+#include "tests/test-gemv-reference.cuh"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr double kReadTbps  = 4.38;  // H200 read bandwidth (bench/results/*-h200-bandwidth)
+constexpr int    kExperts   = 256;
+constexpr int    kUsed      = 8;
+constexpr int    kSelections = 32;  // disjoint expert selections the launches rotate through
+
+struct seg_spec {
+    frt_gemv_type type;  // GGUF type; dense Q6_K/Q8_0 run repacked unless `gguf`
+    int           rows;
+    bool          experts = false;
+    bool          gguf    = false;
+};
+
+struct shape_spec {
+    const char *          name;
+    const char *          what;
+    int                   k;
+    std::vector<seg_spec> segs;
+    bool                  norm       = false;  // the RMS norm prologue (the windows fold RMS_NORM+MUL)
+    bool                  x_per_slot = false;  // down projections: one input a slot
+};
+
+const frt_gemv_type Q4 = FRT_GEMV_Q4_K, Q6 = FRT_GEMV_Q6_K, Q8 = FRT_GEMV_Q8_0, F32 = FRT_GEMV_F32;
+
+const std::vector<shape_spec> & shapes() {
+    static const std::vector<shape_spec> all = {
+        { "attn_qkv", "attn_qkv (GDN), attn_q", 2048, { { Q4, 8192 } } },
+        { "attn_gate", "attn_gate (GDN)", 2048, { { Q4, 4096 } } },
+        { "ssm_alpha", "ssm_alpha, ssm_beta (repacked)", 2048, { { Q8, 32 } } },
+        { "ssm_out", "ssm_out, attn_output", 4096, { { Q4, 2048 } } },
+        { "attn_k", "attn_k", 2048, { { Q4, 512 } } },
+        { "attn_v", "attn_v (repacked)", 2048, { { Q6, 512 } } },
+        { "ffn_gate_inp", "router", 2048, { { F32, 256 } } },
+        { "ffn_gate_inp_shexp", "shared-expert gate", 2048, { { F32, 1 } } },
+        { "ffn_gate_up_shexp", "shared gate + up, one launch (no SwiGLU yet)", 2048, { { Q4, 512 }, { Q4, 512 } } },
+        { "ffn_down_shexp", "shared down (repacked)", 512, { { Q6, 2048 } } },
+        { "ffn_down_shexp_gguf", "shared down, GGUF layout (staged)", 512, { { Q6, 2048, false, true } } },
+        { "ffn_gate_up_exps", "gate + up of 8 of 256 experts, one launch", 2048,
+          { { Q4, 512, true }, { Q4, 512, true } } },
+        { "ffn_down_exps", "down of 8 of 256 experts, GGUF layout", 512, { { Q6, 2048, true } }, false, true },
+        { "output", "LM head (repacked)", 2048, { { Q6, 248320 } } },
+        { "gdn_in_proj_pack", "RMS norm + qkv + z + alpha + beta, one launch", 2048,
+          { { Q4, 8192 }, { Q4, 4096 }, { Q8, 32, false, true }, { Q8, 32, false, true } }, true },
+        { "attn_qkv_pack", "RMS norm + q + k + v (v GGUF), one launch", 2048,
+          { { Q4, 8192 }, { Q4, 512 }, { Q6, 512, false, true } }, true },
+    };
+    return all;
+}
+
+[[noreturn]] void fail(const std::string & message) {
+    std::fprintf(stderr, "gemv-bench: %s\n", message.c_str());
+    std::exit(1);
+}
+
+std::vector<std::string> split_list(const std::string & s) {
+    std::vector<std::string> out;
+    size_t                   at = 0;
+    while (at <= s.size()) {
+        const size_t comma = s.find(',', at);
+        out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+        if (comma == std::string::npos) {
+            break;
+        }
+        at = comma + 1;
+    }
+    return out;
+}
+
+// Device copy of a host buffer.
+template <typename T> T * to_device(const std::vector<T> & v) {
+    T * d = nullptr;
+    CHECK(cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T)));
+    CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+struct seg_data {
+    std::vector<uint8_t> host;    // GGUF bytes of one copy (experts: the stacked tensor)
+    std::vector<void *>  copies;  // what frt_gemv reads, one per copy (in shape_weights::pool)
+    frt_gemv_type        type = FRT_GEMV_F32;
+    int64_t              row_stride = 0;
+    int                  matrices   = 1;
+    float *              out        = nullptr;
+    int                  n_out      = 0;
+};
+
+struct result {
+    const shape_spec * shape;
+    int                tokens, launches, copies;
+    int64_t            bytes;
+    double             us_median, us_min, us_max;
+};
+
+// Checks launch `args` (weights of copy 0, expert selection 0) against the float64 reference on
+// up to 512 rows a segment.
+void check_launch(const shape_spec & s, const frt_gemv_args & args, const std::vector<seg_data> & data, int tokens,
+                  const std::vector<float> & x, int64_t x_stride, const std::vector<float> & norm,
+                  const std::vector<int32_t> & ids) {
+    for (size_t si = 0; si < s.segs.size(); ++si) {
+        CHECK(cudaMemset(data[si].out, 0xff, (size_t) data[si].n_out * s.segs[si].rows * sizeof(float)));
+    }
+    CHECK(frt_gemv(args, 0));
+    CHECK(cudaDeviceSynchronize());
+    const int    k     = s.k;
+    const double delta = s.norm ? gemv_ref::norm_error(k) : 0.0;
+    const int    n_vec = tokens * (s.x_per_slot ? kUsed : 1);
+    std::vector<std::vector<double>> xs(n_vec);
+    std::vector<gemv_ref::rounded>   rs;
+    for (int v = 0; v < n_vec; ++v) {
+        const float * xv = x.data() + v * x_stride;
+        xs[v]            = s.norm ? gemv_ref::rms_normed(xv, norm.data(), k, args.eps) : std::vector<double>(xv, xv + k);
+        rs.push_back(s.norm ? gemv_ref::round_normed(xs[v], k, delta) : gemv_ref::round_like_kernel(xv, k));
+    }
+    std::vector<double> w(k), a(k);
+    for (size_t si = 0; si < s.segs.size(); ++si) {
+        const seg_spec &         sp   = s.segs[si];
+        const seg_data &         d    = data[si];
+        const std::vector<float> got  = [&] {
+            std::vector<float> v((size_t) d.n_out * sp.rows);
+            CHECK(cudaMemcpy(v.data(), d.out, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+            return v;
+        }();
+        const int64_t            row_bytes = gemv_ref::gguf_row_bytes(sp.type, k);
+        const int                step      = std::max(1, sp.rows / 512);
+        for (int o = 0; o < d.n_out; ++o) {
+            const int matrix = sp.experts ? ids[(o / kUsed) * kUsed + o % kUsed] : 0;
+            const int vec    = sp.experts ? (s.x_per_slot ? o : o / kUsed) : o;
+            for (int r = 0; r < sp.rows; r += step) {
+                gemv_ref::dequantize_row(sp.type, k, d.host.data() + ((int64_t) matrix * sp.rows + r) * row_bytes,
+                                         w.data(), a.data());
+                const gemv_ref::output ref = gemv_ref::reference(
+                    sp.type, k, w.data(), a.data(), xs[vec], gemv_ref::quantized(sp.type) ? &rs[vec] : nullptr, delta);
+                const float y = got[(size_t) o * sp.rows + r];
+                if (!(std::fabs(y - ref.sharp) <= ref.tol_sharp)) {
+                    fail(std::string(s.name) + ": segment " + std::to_string(si) + " output " + std::to_string(o) +
+                         " row " + std::to_string(r) + " is " + std::to_string(y) + ", the reference " +
+                         std::to_string(ref.sharp) + " +- " + std::to_string(ref.tol_sharp) +
+                         ": run test-gemv (vendor/csrc/tests) on this GPU");
+                }
+            }
+        }
+    }
+}
+
+// Weights of a shape: dense segments C copies (carved from one allocation), experts one stacked
+// tensor of 256; generated once for every token count.
+struct shape_weights {
+    std::vector<seg_data> segs;
+    int                   copies = 1;
+    void *                pool   = nullptr;
+};
+
+shape_weights make_weights(const shape_spec & s, double stream_mib, std::mt19937_64 & rng, cudaStream_t stream) {
+    const int     k          = s.k;
+    int64_t       dense_copy = 0;
+    for (const seg_spec & sp : s.segs) {
+        dense_copy += sp.experts ? 0 : (int64_t) sp.rows * gemv_ref::gguf_row_bytes(sp.type, k);
+    }
+    shape_weights sw;
+    sw.copies = dense_copy == 0 ? 1 : (int) std::max<int64_t>(1, (int64_t) (stream_mib * 1048576.0) / dense_copy + 1);
+    sw.segs.resize(s.segs.size());
+    std::vector<int64_t> offsets;
+    int64_t              total = 0;
+    for (size_t si = 0; si < s.segs.size(); ++si) {
+        const seg_spec & sp = s.segs[si];
+        seg_data &       d  = sw.segs[si];
+        const int64_t    row = gemv_ref::gguf_row_bytes(sp.type, k);
+        d.matrices           = sp.experts ? kExperts : 1;
+        d.host.resize((size_t) d.matrices * sp.rows * row);
+        for (int64_t r = 0; r < (int64_t) d.matrices * sp.rows; ++r) {
+            gemv_ref::random_row(sp.type, k, d.host.data() + r * row, rng);
+        }
+        const bool repack = !sp.gguf && !sp.experts && frt_gemv_repacked_type(sp.type) != sp.type;
+        d.type            = repack ? frt_gemv_repacked_type(sp.type) : sp.type;
+        d.row_stride      = frt_gemv_row_bytes(d.type, k);
+        const int64_t one = ((int64_t) d.matrices * sp.rows * d.row_stride + 255) / 256 * 256;
+        for (int c = 0; c < (sp.experts ? 1 : sw.copies); ++c) {
+            offsets.push_back(total);
+            total += one;
+        }
+    }
+    CHECK(cudaMalloc(&sw.pool, total));
+    size_t next = 0;
+    for (size_t si = 0; si < s.segs.size(); ++si) {
+        const seg_spec & sp      = s.segs[si];
+        seg_data &       d       = sw.segs[si];
+        uint8_t *        staging = to_device(d.host);
+        for (int c = 0; c < (sp.experts ? 1 : sw.copies); ++c) {
+            uint8_t * w = (uint8_t *) sw.pool + offsets[next++];
+            if (d.type != sp.type) {
+                CHECK(frt_gemv_repack(sp.type, staging, gemv_ref::gguf_row_bytes(sp.type, k), d.matrices * sp.rows, k,
+                                      w, stream));
+            } else {
+                CHECK(cudaMemcpyAsync(w, staging, d.host.size(), cudaMemcpyDeviceToDevice, stream));
+            }
+            d.copies.push_back(w);
+        }
+        CHECK(cudaStreamSynchronize(stream));
+        CHECK(cudaFree(staging));
+    }
+    return sw;
+}
+
+result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int replays, double graph_ms,
+                 std::mt19937_64 & rng, cudaStream_t stream) {
+    const int k = s.k;
+    // Inputs: one vector a token (a slot for down projections), the norm weight.
+    const int     n_vec    = tokens * (s.x_per_slot ? kUsed : 1);
+    const int64_t x_stride = k;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float>              x((size_t) n_vec * k), norm(k);
+    for (float & v : x) {
+        v = normal(rng);
+    }
+    for (float & v : norm) {
+        v = 0.5f + (float) (rng() % 1000) / 1000.0f;
+    }
+    float * d_x    = to_device(x);
+    float * d_norm = to_device(norm);
+    int64_t bytes  = 0;
+    for (size_t si = 0; si < s.segs.size(); ++si) {
+        const seg_spec & sp = s.segs[si];
+        bytes += (int64_t) sp.rows * gemv_ref::gguf_row_bytes(sp.type, k) * (sp.experts ? kUsed * tokens : 1);
+        sw.segs[si].n_out = sp.experts ? tokens * kUsed : tokens;
+        CHECK(cudaMalloc(&sw.segs[si].out, (size_t) sw.segs[si].n_out * sp.rows * sizeof(float)));
+    }
+    const int copies = sw.copies;
+
+    // Expert selections: launch i takes selection i % 32, 8 distinct experts a token, no expert
+    // shared by two tokens or by neighbouring launches.
+    std::vector<int32_t> ids((size_t) kSelections * tokens * kUsed);
+    for (int sel = 0; sel < kSelections; ++sel) {
+        for (int t = 0; t < tokens; ++t) {
+            for (int j = 0; j < kUsed; ++j) {
+                ids[((size_t) sel * tokens + t) * kUsed + j] = (kUsed * (sel * tokens + t) + j) % kExperts;
+            }
+        }
+    }
+    int32_t * d_ids = to_device(ids);
+
+    auto args_for = [&](int launch) {
+        frt_gemv_args a{};
+        a.x           = d_x;
+        a.x_stride    = x_stride;
+        a.k           = k;
+        a.tokens      = tokens;
+        a.x_per_token = s.x_per_slot ? kUsed : 1;
+        a.norm        = s.norm ? d_norm : nullptr;
+        a.eps         = 1e-6f;
+        a.n_segments  = (int) s.segs.size();
+        for (size_t si = 0; si < s.segs.size(); ++si) {
+            const seg_spec &   sp = s.segs[si];
+            const seg_data &   d  = sw.segs[si];
+            frt_gemv_segment & g  = a.seg[si];
+            g.type                = d.type;
+            g.w                   = d.copies[sp.experts ? 0 : launch % copies];
+            g.rows                = sp.rows;
+            g.row_stride          = d.row_stride;
+            g.out                 = d.out;
+            g.out_stride          = sp.rows;
+            if (sp.experts) {
+                g.ids           = d_ids + (size_t) (launch % kSelections) * tokens * kUsed;
+                g.ids_stride    = kUsed;
+                g.n_used        = kUsed;
+                g.n_experts     = kExperts;
+                g.expert_stride = (int64_t) sp.rows * d.row_stride;
+            }
+        }
+        return a;
+    };
+    if (const char * why = frt_gemv_unsupported(args_for(0))) {
+        fail(std::string(s.name) + ": " + why);
+    }
+    check_launch(s, args_for(0), sw.segs, tokens, x, x_stride, norm,
+                 std::vector<int32_t>(ids.begin(), ids.begin() + tokens * kUsed));
+
+    // The graph: enough launches to cycle through every copy and selection, and graph_ms of work.
+    const double est_us   = std::max(2.0, bytes / (kReadTbps * 1e6));
+    const int    launches = std::max({ copies, s.segs[0].experts ? kSelections : 1, (int) (1000.0 * graph_ms / est_us) });
+    cudaGraph_t     graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < launches; ++i) {
+        CHECK(frt_gemv(args_for(i), stream));
+    }
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+    for (int i = 0; i < 3; ++i) {
+        CHECK(cudaGraphLaunch(exec, stream));
+    }
+    std::vector<double> us;
+    for (int i = 0; i < replays; ++i) {
+        CHECK(cudaEventRecord(start, stream));
+        CHECK(cudaGraphLaunch(exec, stream));
+        CHECK(cudaEventRecord(stop, stream));
+        CHECK(cudaEventSynchronize(stop));
+        float ms = 0.0f;
+        CHECK(cudaEventElapsedTime(&ms, start, stop));
+        us.push_back(1000.0 * ms / launches);
+    }
+    std::sort(us.begin(), us.end());
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaEventDestroy(start));
+    CHECK(cudaEventDestroy(stop));
+    for (seg_data & d : sw.segs) {
+        CHECK(cudaFree(d.out));
+        d.out = nullptr;
+    }
+    CHECK(cudaFree(d_x));
+    CHECK(cudaFree(d_norm));
+    CHECK(cudaFree(d_ids));
+    return { &s, tokens, launches, copies, bytes, us[us.size() / 2], us.front(), us.back() };
+}
+
+std::string type_label(const shape_spec & s) {
+    std::string label;
+    for (const seg_spec & sp : s.segs) {
+        const std::string t = gemv_ref::type_name(sp.type);
+        if (label.find(t) == std::string::npos) {
+            label += (label.empty() ? "" : "+") + t;
+        }
+    }
+    return label;
+}
+
+int out_rows(const shape_spec & s) {
+    int rows = 0;
+    for (const seg_spec & sp : s.segs) {
+        rows += sp.rows;
+    }
+    return rows;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    if (argc < 2 || argv[1][0] == '-') {
+        std::fprintf(stderr, "usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] "
+                             "[--stream-mib 120] [--graph-ms 2] [--list]\n");
+        return 2;
+    }
+    const std::string        out_path = argv[1];
+    std::vector<std::string> only;
+    std::vector<int>         tokens = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    int                      replays    = 30;
+    double                   stream_mib = 120.0, graph_ms = 2.0;
+    for (int i = 2; i < argc; ++i) {
+        const std::string arg   = argv[i];
+        auto              value = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                fail(arg + " needs a value");
+            }
+            return argv[++i];
+        };
+        if (arg == "--shapes") {
+            only = split_list(value());
+        } else if (arg == "--tokens") {
+            tokens.clear();
+            for (const std::string & t : split_list(value())) {
+                tokens.push_back(std::atoi(t.c_str()));
+            }
+        } else if (arg == "--replays") {
+            replays = std::max(1, std::atoi(value().c_str()));
+        } else if (arg == "--stream-mib") {
+            stream_mib = std::atof(value().c_str());
+        } else if (arg == "--graph-ms") {
+            graph_ms = std::atof(value().c_str());
+        } else if (arg == "--list") {
+            for (const shape_spec & s : shapes()) {
+                std::printf("%-22s %-10s %5d -> %6d  %s\n", s.name, type_label(s).c_str(), s.k, out_rows(s), s.what);
+            }
+            return 0;
+        } else {
+            fail("unknown option " + arg + " (see the usage at the top of bench/tools/gemv-bench.cu)");
+        }
+    }
+    for (const std::string & name : only) {
+        if (std::none_of(shapes().begin(), shapes().end(), [&](const shape_spec & s) { return name == s.name; })) {
+            fail("--shapes: no shape " + name + " (--list shows them)");
+        }
+    }
+    for (int t : tokens) {
+        if (t < 1 || t > FRT_GEMV_MAX_TOKENS) {
+            fail("--tokens: 1 to 8");
+        }
+    }
+    std::FILE * out = std::fopen(out_path.c_str(), "w");
+    if (!out) {
+        fail("cannot write " + out_path);
+    }
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    cudaStream_t stream;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    std::mt19937_64 rng(1);
+
+    std::vector<result> results;
+    for (const shape_spec & s : shapes()) {
+        if (!only.empty() && std::find(only.begin(), only.end(), s.name) == only.end()) {
+            continue;
+        }
+        shape_weights weights = make_weights(s, stream_mib, rng, stream);
+        for (int t : tokens) {
+            const result r   = run_shape(s, weights, t, replays, graph_ms, rng, stream);
+            const double floor_us  = r.bytes / (kReadTbps * 1e6);
+            const double budget_us = r.bytes / (0.7 * kReadTbps * 1e6) + 1.5;
+            std::fprintf(out,
+                         "{\"impl\":\"frt\",\"shape\":\"%s\",\"out\":%d,\"in\":%d,\"type\":\"%s\",\"tokens\":%d,"
+                         "\"experts\":%d,\"bytes\":%" PRId64 ",\"us_median\":%.3f,\"us_min\":%.3f,\"us_max\":%.3f,"
+                         "\"floor_us\":%.3f,\"budget_us\":%.3f,\"tbps\":%.3f,\"pass\":%s,\"launches\":%d,"
+                         "\"copies\":%d}\n",
+                         s.name, out_rows(s), s.k, type_label(s).c_str(), t, s.segs[0].experts ? kUsed : 1, r.bytes,
+                         r.us_median, r.us_min, r.us_max, floor_us, budget_us, r.bytes / r.us_median / 1e6,
+                         r.us_median <= budget_us ? "true" : "false", r.launches, r.copies);
+            std::fflush(out);
+            std::fprintf(stderr, "gemv-bench: %s, %d tokens: %.2f us\n", s.name, t, r.us_median);
+            results.push_back(r);
+        }
+        CHECK(cudaFree(weights.pool));
+    }
+    std::fclose(out);
+
+    std::printf("%s, frt_gemv from CUDA graphs, median of %d replays; floor = bytes / %.2f TB/s, "
+                "budget = bytes / (0.7 x %.2f TB/s) + 1.5 us\n\n",
+                prop.name, replays, kReadTbps, kReadTbps);
+    std::printf("| shape | tokens | out x in | type | MB | us | min-max | floor us | budget us | TB/s | pass |\n");
+    std::printf("|---|---:|---|---|---:|---:|---|---:|---:|---:|---|\n");
+    int failed = 0;
+    for (const result & r : results) {
+        const shape_spec & s         = *r.shape;
+        const double       floor_us  = r.bytes / (kReadTbps * 1e6);
+        const double       budget_us = r.bytes / (0.7 * kReadTbps * 1e6) + 1.5;
+        const bool         pass      = r.us_median <= budget_us;
+        failed += pass ? 0 : 1;
+        std::printf("| %s | %d | %d%s x %d | %s | %.2f | %.2f | %.2f-%.2f | %.2f | %.2f | %.2f | %s |\n", s.name,
+                    r.tokens, out_rows(s), s.segs[0].experts ? " (x8)" : "", s.k, type_label(s).c_str(), r.bytes / 1e6,
+                    r.us_median, r.us_min, r.us_max, floor_us, budget_us, r.bytes / r.us_median / 1e6,
+                    pass ? "pass" : "FAIL");
+    }
+    std::printf("\n%zu rows, %d within budget, %d over\n", results.size(), (int) results.size() - failed, failed);
+    return 0;
+}

@@ -1,0 +1,899 @@
+#pragma once
+
+// Internals of frt_gemv shared by gemv.cu (planning, host) and gemv-tokens{1,2,4,8}.cu (the kernel
+// instances for up to 1, 2, 4 and 8 tokens, compiled apart so that they build in parallel).
+
+#include "gemv.cuh"
+#include "pdl.cuh"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+// The design is in gemv.cuh. Terms used here:
+//   direct     the path that loads weights straight into registers (every type but GGUF Q6_K/Q8_0)
+//   staged     GGUF Q6_K/Q8_0 (2-byte aligned blocks): rows are copied to shared memory first
+//   item       16 bytes of weights one lane multiplies at a time (direct path)
+//   lpr        lanes a row (8, 16 or 32); a warp multiplies 32 / lpr rows at once (a row group)
+//   batch      what a team takes at a time: one row group (direct), or whole rows (staged)
+//   team       split warps of a block that share each batch (split > 1 for launches of few rows)
+//   slice      the warp of a team that takes every split-th run of lpr items of a row
+
+static constexpr int kWarps     = 8;
+static constexpr int kThreads   = 32 * kWarps;
+static constexpr int kMaxSplit  = 8;
+static constexpr int kMaxRps    = 4;     // rows of a row group: lpr >= 8 (every type has >= 8 items a row)
+static constexpr unsigned kFull = 0xffffffffu;
+
+// Items a lane loads before it computes: as many as fit in 128 registers without spilling
+// (sm_90a, ptxas 13.0; `-Xptxas -v` shows 0 bytes spilled for every instance), fewer with more
+// tokens (each token has its accumulator and its x in flight).
+static constexpr __host__ __device__ int gemv_items_in_flight(int type, int tokens_max) {
+    if (tokens_max <= 2) {
+        switch (type) {
+            case FRT_GEMV_Q4_K:   return 6;
+            case FRT_GEMV_Q5_K:   return 4;
+            case FRT_GEMV_Q6_K_R: return 5;
+            case FRT_GEMV_Q8_0_R: return 6;
+            case FRT_GEMV_F32:    return 12;
+            default:              return 10;  // F16, BF16
+        }
+    }
+    switch (type) {
+        case FRT_GEMV_Q5_K:
+        case FRT_GEMV_Q6_K_R: return 3;  // 4 spills 8 bytes on sm_120a at 8 tokens
+        case FRT_GEMV_F32:
+        case FRT_GEMV_F16:
+        case FRT_GEMV_BF16: return 8;
+        default:            return 4;
+    }
+}
+
+// ---- plan: what the host computes once per launch, read by every warp ----
+
+struct gemv_seg_plan {
+    const uint8_t * w;
+    float *         out;
+    const float *   residual;
+    const int32_t * ids;
+    int64_t         row_stride, out_stride, residual_stride, ids_stride, expert_stride;
+    int             type, rows, epilogue, n_used, n_experts;
+    int             row_bytes;         // bytes of a row that are read (L2 prefetch, staging)
+    int             n_inst;            // matrices: 1, or expert slots (tokens x n_used)
+    int             units_per_row;     // items (direct) or blocks (staged)
+    int             lpr, ipl;          // direct: lanes a row, items a lane a row (in its slice)
+    int             rows_per_batch;    // direct: 32 / lpr; staged: a multiple that keeps batches 16-byte aligned
+    int             batches_per_inst;
+    int             batch_begin;       // first batch index of this segment
+    int             ids_smem;          // this segment's ids in the shared table
+};
+
+struct gemv_params {
+    const float * x;
+    const float * norm;
+    int64_t       x_stride;
+    float         eps;
+    int           k, tokens, x_per_token, n_vec;
+    int           n_segments, split, total_batches;
+    int           need_q8, need_f32;
+    int           n_ids;
+    int           smem_ids, smem_xm, smem_xq, smem_xf, smem_team, smem_stage, stage_bytes;
+    gemv_seg_plan seg[FRT_GEMV_MAX_SEGMENTS];
+};
+
+// The quantized (or float) input of one matrix instance, token t at offset t * k.
+struct gemv_x {
+    const int8_t * q;  // int8 values
+    const uint2 *  m;  // per 32 values: x = float scale d, y = int16 sums of the two halves (lo | hi << 16)
+    const float *  f;  // float values (float weights)
+    int            k;
+};
+
+struct gemv_batch {
+    const uint8_t * w;  // this instance's matrix
+    int64_t         row_stride;
+    int             rows, row0, nrows;  // batch: rows [row0, row0 + nrows), clipped at rows
+    int             k, units_per_row, lpr, ipl, split, slice, nt;
+    gemv_x          x;
+    float *         out;
+    int64_t         out_stride;
+    const float *   residual;
+    int64_t         residual_stride;
+    int             epilogue;
+    float *         team;        // split > 1: partial sums [split][kMaxRps][T]
+    int             team_barrier;
+};
+
+// ---- small device helpers ----
+
+static __device__ __forceinline__ uint4 gemv_ldg16(const uint8_t * p) {
+    return __ldg((const uint4 *) p);
+}
+
+static __device__ __forceinline__ uint32_t gemv_ldg_u16(const uint8_t * p) {
+    return __ldg((const unsigned short *) p);
+}
+
+static __device__ __forceinline__ float gemv_half(uint32_t bits) {
+    return __half2float(__ushort_as_half((unsigned short) (bits & 0xffff)));
+}
+
+static __device__ __forceinline__ int gemv_dot16(uint4 w, int4 x, int acc) {
+    acc = __dp4a((int) w.x, x.x, acc);
+    acc = __dp4a((int) w.y, x.y, acc);
+    acc = __dp4a((int) w.z, x.z, acc);
+    return __dp4a((int) w.w, x.w, acc);
+}
+
+// The two 16-byte runs of int8 x an item multiplies, read as "a" first: lanes with bit 2 set read
+// their second run first, which spreads every 8-lane phase of a 16-byte shared load over all 32
+// banks for the item orders used here (lane q of a block: runs 16q apart within 64 or 128).
+static __device__ __forceinline__ void gemv_runs(const gemv_x & x, int t, int run_a, int run_b, int4 & xa, int4 & xb,
+                                                 uint2 & ma, uint2 & mb) {
+    const int8_t * q = x.q + t * x.k;
+    const uint2 *  m = x.m + t * (x.k / 32);
+    xa               = *(const int4 *) (q + run_a);
+    xb               = *(const int4 *) (q + run_b);
+    ma               = m[run_a / 32];
+    mb               = m[run_b / 32];
+}
+
+// Sum of the 16 int8 x values of a run (half h of its 32-block), from the shared metadata.
+static __device__ __forceinline__ int gemv_run_sum(uint2 m, int half) {
+    return (int16_t) (m.y >> (16 * half));
+}
+
+// Q4_K/Q5_K scales and mins (6 bits each, packed in 12 bytes) of sub-blocks 2c and 2c + 1: bytes
+// sc = lo | hi << 8, m likewise.
+static __device__ __forceinline__ void gemv_k4_scales(uint4 head, int c, uint32_t & sc2, uint32_t & m2) {
+    const int      sh = 16 * (c & 1);
+    const uint32_t y2 = (head.y >> sh) & 0xffff;  // scales[j] for j < 4 (and the top bits of j + 4)
+    const uint32_t z2 = (head.z >> sh) & 0xffff;  // mins[j] for j < 4 (and the top bits of j + 4)
+    const uint32_t w2 = (head.w >> sh) & 0xffff;  // low nibbles of scale and min for j >= 4
+    if (c >= 2) {
+        sc2 = (w2 & 0x0f0f) | ((y2 >> 2) & 0x3030);
+        m2  = ((w2 >> 4) & 0x0f0f) | ((z2 >> 2) & 0x3030);
+    } else {
+        sc2 = y2 & 0x3f3f;
+        m2  = z2 & 0x3f3f;
+    }
+}
+
+// One Q4_K or Q5_K item: 16 bytes of nibbles (and high bits) of sub-blocks 2c (low nibbles) and
+// 2c + 1 (high nibbles), positions 16 (q & 1) .. + 16 of each. wa/wb: the weights of runs a/b.
+template <int T>
+static __device__ __forceinline__ void gemv_k4_dot(uint4 head, uint4 wa, uint4 wb, int b, int q, bool swap,
+                                                   const gemv_x & x, int nt, float (&acc)[T]) {
+    const int c = q >> 1;
+    uint32_t  sc2, m2;
+    gemv_k4_scales(head, c, sc2, m2);
+    const float d = gemv_half(head.x), dmin = gemv_half(head.x >> 16);
+    const int   sa = swap ? 8 : 0;
+    const float dsc_a = d * (float) ((sc2 >> sa) & 0xff), dsc_b = d * (float) ((sc2 >> (8 - sa)) & 0xff);
+    const float dm_a = dmin * (float) ((m2 >> sa) & 0xff), dm_b = dmin * (float) ((m2 >> (8 - sa)) & 0xff);
+    const int   lo   = 256 * b + 64 * c + 16 * (q & 1);
+    const int   run_a = swap ? lo + 32 : lo, run_b = swap ? lo : lo + 32;
+    const int   half  = q & 1;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        if (t < nt) {
+            int4  xa, xb;
+            uint2 ma, mb;
+            gemv_runs(x, t, run_a, run_b, xa, xb, ma, mb);
+            const int da = gemv_dot16(wa, xa, 0), db = gemv_dot16(wb, xb, 0);
+            acc[t] += __uint_as_float(ma.x) * (dsc_a * (float) da - dm_a * (float) gemv_run_sum(ma, half)) +
+                      __uint_as_float(mb.x) * (dsc_b * (float) db - dm_b * (float) gemv_run_sum(mb, half));
+        }
+    }
+}
+
+// One Q6_K item: ql word q of a block (q = 4h + j: half h, ql bytes 16j..16j+15 of it), its qh
+// word, and the scales of its two runs: lo = 128h + 16j (low nibbles, qh bits 2(j/2)..+1) and
+// lo + 64 (high nibbles, qh bits 2(j/2)+4..+5). Values are 6 bits minus 32.
+template <int T>
+static __device__ __forceinline__ void gemv_q6_dot(uint4 ql, uint4 qh, int sc_lo, int sc_hi, float d, int b, int q,
+                                                   bool swap, const gemv_x & x, int nt, float (&acc)[T]) {
+    const int h = q >> 2, j = q & 3;
+    const int ns = swap ? 4 : 0;           // nibble of run a
+    const int hs = 2 * (j >> 1) + ns;      // qh bits of run a
+    const int hb = 2 * (j >> 1) + 4 - ns;  // qh bits of run b
+    uint4     wa, wb;
+    wa.x = ((ql.x >> ns) & 0x0f0f0f0f) | (((qh.x >> hs) & 0x03030303) << 4);
+    wa.y = ((ql.y >> ns) & 0x0f0f0f0f) | (((qh.y >> hs) & 0x03030303) << 4);
+    wa.z = ((ql.z >> ns) & 0x0f0f0f0f) | (((qh.z >> hs) & 0x03030303) << 4);
+    wa.w = ((ql.w >> ns) & 0x0f0f0f0f) | (((qh.w >> hs) & 0x03030303) << 4);
+    wb.x = ((ql.x >> (4 - ns)) & 0x0f0f0f0f) | (((qh.x >> hb) & 0x03030303) << 4);
+    wb.y = ((ql.y >> (4 - ns)) & 0x0f0f0f0f) | (((qh.y >> hb) & 0x03030303) << 4);
+    wb.z = ((ql.z >> (4 - ns)) & 0x0f0f0f0f) | (((qh.z >> hb) & 0x03030303) << 4);
+    wb.w = ((ql.w >> (4 - ns)) & 0x0f0f0f0f) | (((qh.w >> hb) & 0x03030303) << 4);
+    const float ds_a = d * (float) (swap ? sc_hi : sc_lo), ds_b = d * (float) (swap ? sc_lo : sc_hi);
+    const int   lo   = 256 * b + 128 * h + 16 * j;
+    const int   run_a = swap ? lo + 64 : lo, run_b = swap ? lo : lo + 64;
+    const int   half  = j & 1;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        if (t < nt) {
+            int4  xa, xb;
+            uint2 ma, mb;
+            gemv_runs(x, t, run_a, run_b, xa, xb, ma, mb);
+            const int da = gemv_dot16(wa, xa, 0) - 32 * gemv_run_sum(ma, half);
+            const int db = gemv_dot16(wb, xb, 0) - 32 * gemv_run_sum(mb, half);
+            acc[t] += __uint_as_float(ma.x) * ds_a * (float) da + __uint_as_float(mb.x) * ds_b * (float) db;
+        }
+    }
+}
+
+// One Q8_0 block (32 int8 weights, qa = values 0..15, qb = 16..31), block b of its row.
+template <int T>
+static __device__ __forceinline__ void gemv_q8_dot(uint4 qa, uint4 qb, float d, int b, bool swap, const gemv_x & x,
+                                                   int nt, float (&acc)[T]) {
+    const uint4 wa = swap ? qb : qa, wb = swap ? qa : qb;
+    const int   run_a = swap ? 32 * b + 16 : 32 * b, run_b = swap ? 32 * b : 32 * b + 16;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        if (t < nt) {
+            int4  xa, xb;
+            uint2 ma, mb;
+            gemv_runs(x, t, run_a, run_b, xa, xb, ma, mb);
+            const int dot = gemv_dot16(wa, xa, gemv_dot16(wb, xb, 0));
+            acc[t] += d * __uint_as_float(ma.x) * (float) dot;
+        }
+    }
+}
+
+// ---- direct path: one type's item loads and products ----
+
+template <int TYPE> struct gemv_direct;
+
+template <> struct gemv_direct<FRT_GEMV_Q4_K> {
+    struct item {
+        uint4 head, qs;
+    };
+    static __device__ __forceinline__ item load(const uint8_t * row, int it, int /*k*/) {
+        const uint8_t * blk = row + 144 * (it >> 3);
+        return { gemv_ldg16(blk), gemv_ldg16(blk + 16 + 16 * (it & 7)) };
+    }
+    template <int T>
+    static __device__ __forceinline__ void dot(const item & w, int it, bool swap, const gemv_x & x, int nt,
+                                               float (&acc)[T]) {
+        const int ns = swap ? 4 : 0;
+        uint4     wa, wb;
+        wa.x = (w.qs.x >> ns) & 0x0f0f0f0f;
+        wa.y = (w.qs.y >> ns) & 0x0f0f0f0f;
+        wa.z = (w.qs.z >> ns) & 0x0f0f0f0f;
+        wa.w = (w.qs.w >> ns) & 0x0f0f0f0f;
+        wb.x = (w.qs.x >> (4 - ns)) & 0x0f0f0f0f;
+        wb.y = (w.qs.y >> (4 - ns)) & 0x0f0f0f0f;
+        wb.z = (w.qs.z >> (4 - ns)) & 0x0f0f0f0f;
+        wb.w = (w.qs.w >> (4 - ns)) & 0x0f0f0f0f;
+        gemv_k4_dot<T>(w.head, wa, wb, it >> 3, it & 7, swap, x, nt, acc);
+    }
+};
+
+template <> struct gemv_direct<FRT_GEMV_Q5_K> {
+    struct item {
+        uint4 head, qh, qs;
+    };
+    static __device__ __forceinline__ item load(const uint8_t * row, int it, int /*k*/) {
+        const uint8_t * blk = row + 176 * (it >> 3);
+        const int       q   = it & 7;
+        return { gemv_ldg16(blk), gemv_ldg16(blk + 16 + 16 * (q & 1)), gemv_ldg16(blk + 48 + 16 * q) };
+    }
+    template <int T>
+    static __device__ __forceinline__ void dot(const item & w, int it, bool swap, const gemv_x & x, int nt,
+                                               float (&acc)[T]) {
+        const int q  = it & 7;
+        const int ns = swap ? 4 : 0;
+        const int ha = 2 * (q >> 1) + (swap ? 1 : 0), hb = ha ^ 1;  // qh bit of sub-block 2c (+1)
+        uint4     wa, wb;
+        wa.x = ((w.qs.x >> ns) & 0x0f0f0f0f) | (((w.qh.x >> ha) & 0x01010101) << 4);
+        wa.y = ((w.qs.y >> ns) & 0x0f0f0f0f) | (((w.qh.y >> ha) & 0x01010101) << 4);
+        wa.z = ((w.qs.z >> ns) & 0x0f0f0f0f) | (((w.qh.z >> ha) & 0x01010101) << 4);
+        wa.w = ((w.qs.w >> ns) & 0x0f0f0f0f) | (((w.qh.w >> ha) & 0x01010101) << 4);
+        wb.x = ((w.qs.x >> (4 - ns)) & 0x0f0f0f0f) | (((w.qh.x >> hb) & 0x01010101) << 4);
+        wb.y = ((w.qs.y >> (4 - ns)) & 0x0f0f0f0f) | (((w.qh.y >> hb) & 0x01010101) << 4);
+        wb.z = ((w.qs.z >> (4 - ns)) & 0x0f0f0f0f) | (((w.qh.z >> hb) & 0x01010101) << 4);
+        wb.w = ((w.qs.w >> (4 - ns)) & 0x0f0f0f0f) | (((w.qh.w >> hb) & 0x01010101) << 4);
+        gemv_k4_dot<T>(w.head, wa, wb, it >> 3, q, swap, x, nt, acc);
+    }
+};
+
+template <> struct gemv_direct<FRT_GEMV_Q6_K_R> {
+    struct item {
+        uint4    ql, qh;
+        uint32_t sc, d;
+    };
+    static __device__ __forceinline__ item load(const uint8_t * row, int it, int k) {
+        const int       b = it >> 3, q = it & 7;
+        const uint8_t * blk = row + 208 * b;
+        return { gemv_ldg16(blk + 16 * q), gemv_ldg16(blk + 128 + 16 * (2 * (q >> 2) + (q & 1))),
+                 gemv_ldg_u16(blk + 192 + 2 * q), gemv_ldg_u16(row + 208 * (k / 256) + 2 * b) };
+    }
+    template <int T>
+    static __device__ __forceinline__ void dot(const item & w, int it, bool swap, const gemv_x & x, int nt,
+                                               float (&acc)[T]) {
+        gemv_q6_dot<T>(w.ql, w.qh, (int8_t) (w.sc & 0xff), (int8_t) (w.sc >> 8), gemv_half(w.d), it >> 3, it & 7,
+                       swap, x, nt, acc);
+    }
+};
+
+template <> struct gemv_direct<FRT_GEMV_Q8_0_R> {
+    struct item {
+        uint4    qa, qb;
+        uint32_t d;
+    };
+    static __device__ __forceinline__ item load(const uint8_t * row, int it, int k) {
+        return { gemv_ldg16(row + 32 * it), gemv_ldg16(row + 32 * it + 16), gemv_ldg_u16(row + k + 2 * it) };
+    }
+    template <int T>
+    static __device__ __forceinline__ void dot(const item & w, int it, bool swap, const gemv_x & x, int nt,
+                                               float (&acc)[T]) {
+        gemv_q8_dot<T>(w.qa, w.qb, gemv_half(w.d), it, swap, x, nt, acc);
+    }
+};
+
+template <> struct gemv_direct<FRT_GEMV_F32> {
+    struct item {
+        float4 w;
+    };
+    static __device__ __forceinline__ item load(const uint8_t * row, int it, int /*k*/) {
+        return { __ldg((const float4 *) row + it) };
+    }
+    template <int T>
+    static __device__ __forceinline__ void dot(const item & w, int it, bool /*swap*/, const gemv_x & x, int nt,
+                                               float (&acc)[T]) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            if (t < nt) {
+                const float4 v = ((const float4 *) (x.f + t * x.k))[it];
+                acc[t] += w.w.x * v.x + w.w.y * v.y + w.w.z * v.z + w.w.w * v.w;
+            }
+        }
+    }
+};
+
+// F16 and BF16: 8 weights an item, x in two float4 runs.
+template <bool BF16> struct gemv_direct_half {
+    struct item {
+        uint4 w;
+    };
+    static __device__ __forceinline__ item load(const uint8_t * row, int it, int /*k*/) {
+        return { gemv_ldg16(row + 16 * it) };
+    }
+    static __device__ __forceinline__ float2 pair(uint32_t u) {
+        if (BF16) {
+            return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+        }
+        return make_float2(gemv_half(u), gemv_half(u >> 16));
+    }
+    template <int T>
+    static __device__ __forceinline__ void dot(const item & w, int it, bool swap, const gemv_x & x, int nt,
+                                               float (&acc)[T]) {
+        const float2 a0 = pair(swap ? w.w.z : w.w.x), a1 = pair(swap ? w.w.w : w.w.y);
+        const float2 b0 = pair(swap ? w.w.x : w.w.z), b1 = pair(swap ? w.w.y : w.w.w);
+        const int    run_a = 2 * it + (swap ? 1 : 0), run_b = 2 * it + (swap ? 0 : 1);
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            if (t < nt) {
+                const float4 * f  = (const float4 *) (x.f + t * x.k);
+                const float4   va = f[run_a], vb = f[run_b];
+                acc[t] += a0.x * va.x + a0.y * va.y + a1.x * va.z + a1.y * va.w + b0.x * vb.x + b0.y * vb.y +
+                          b1.x * vb.z + b1.y * vb.w;
+            }
+        }
+    }
+};
+
+template <> struct gemv_direct<FRT_GEMV_F16> : gemv_direct_half<false> {};
+
+template <> struct gemv_direct<FRT_GEMV_BF16> : gemv_direct_half<true> {};
+
+// ---- stores ----
+
+static __device__ __forceinline__ void gemv_store(const gemv_batch & c, int row, int t, float v) {
+    if (c.epilogue == FRT_GEMV_ADD) {
+        v += c.residual[t * c.residual_stride + row];
+    }
+    c.out[t * c.out_stride + row] = v;
+}
+
+static __device__ __forceinline__ void gemv_team_sync(const gemv_batch & c) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("bar.sync %0, %1;" ::"r"(c.team_barrier), "r"(32 * c.split) : "memory");
+#endif
+}
+
+// End of a row group: sums the lpr lanes of each row, then (split > 1) the team's slices in slice
+// order, and stores; lane li of a row stores token li.
+template <int T>
+static __device__ __forceinline__ void gemv_flush(const gemv_batch & c, int sub, int li, float (&acc)[T]) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        if (offset < c.lpr) {
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                acc[t] += __shfl_xor_sync(kFull, acc[t], offset);
+            }
+        }
+    }
+    float mine = 0.0f;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        mine = li == t ? acc[t] : mine;
+    }
+    const int row = c.row0 + sub;
+    if (c.split == 1) {
+        if (li < c.nt && row < c.rows) {
+            gemv_store(c, row, li, mine);
+        }
+        return;
+    }
+    if (li < T) {
+        c.team[(c.slice * kMaxRps + sub) * T + li] = mine;
+    }
+    gemv_team_sync(c);
+    if (c.slice == 0 && li < c.nt && row < c.rows) {
+        float sum = 0.0f;
+        for (int s = 0; s < c.split; ++s) {
+            sum += c.team[(s * kMaxRps + sub) * T + li];
+        }
+        gemv_store(c, row, li, sum);
+    }
+    gemv_team_sync(c);  // the slots are written again by the next row group
+}
+
+// A row group of a direct-path type: lane li of row `sub` multiplies items (j * split + slice) *
+// lpr + li of its row, U of them loaded at once, then one flush. lpr is chosen so that a lane's
+// items of a row fill U where the row is long enough.
+template <int TYPE, int T>
+static __device__ __forceinline__ void gemv_direct_batch(const gemv_batch & c, int lane) {
+    using tr          = gemv_direct<TYPE>;
+    constexpr int U   = gemv_items_in_flight(TYPE, T);
+    const int     sub = lane / c.lpr, li = lane % c.lpr;
+    const bool    swap   = lane & 4;
+    const int     row    = c.row0 + sub;
+    const bool    row_ok = row < c.rows;
+    const uint8_t * w    = c.w + (int64_t) (row_ok ? row : c.row0) * c.row_stride;
+    float         acc[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        acc[t] = 0.0f;
+    }
+    for (int j0 = 0; j0 < c.ipl; j0 += U) {
+        typename tr::item items[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int it = ((j0 + u) * c.split + c.slice) * c.lpr + li;
+            if (row_ok && j0 + u < c.ipl && it < c.units_per_row) {
+                items[u] = tr::load(w, it, c.k);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int it = ((j0 + u) * c.split + c.slice) * c.lpr + li;
+            if (row_ok && j0 + u < c.ipl && it < c.units_per_row) {
+                tr::template dot<T>(items[u], it, swap, c.x, c.nt, acc);
+            }
+        }
+    }
+    gemv_flush<T>(c, sub, li, acc);
+}
+
+// ---- staged path (GGUF Q6_K, Q8_0) ----
+
+static __device__ __forceinline__ void gemv_cp_async16(uint8_t * dst, const uint8_t * src, int src_bytes) {
+    const unsigned dst_shared = (unsigned) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst_shared), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void gemv_cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+// 16 bytes from shared memory at p, which is 4-byte aligned (ODD2 = false) or 2 bytes past a
+// multiple of 4 (ODD2 = true).
+template <bool ODD2> static __device__ __forceinline__ uint4 gemv_lds16_2(const uint8_t * p) {
+    if (!ODD2) {
+        const uint32_t * w = (const uint32_t *) p;
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    const uint32_t * w = (const uint32_t *) (p - 2);
+    return make_uint4(__funnelshift_r(w[0], w[1], 16), __funnelshift_r(w[1], w[2], 16), __funnelshift_r(w[2], w[3], 16),
+                      __funnelshift_r(w[3], w[4], 16));
+}
+
+// Lanes 0..nl-1 hold the partial sums v of blocks f0 .. f0 + nl - 1 of the batch, in order; a row
+// is nb consecutive blocks. A segmented scan adds the blocks of each row, the row carried over
+// from the previous group is completed, the rows that end here are stored, and the partial row
+// at the end becomes the carry.
+template <int T>
+static __device__ __forceinline__ void gemv_rows_of_blocks(const gemv_batch & c, int f0, int nl, int nblocks, int nb,
+                                                           float (&v)[T], int & carry_row, float (&carry)[T],
+                                                           int lane) {
+    const int  f     = f0 + lane;
+    const bool valid = lane < nl && f < nblocks;
+    const int  row   = valid ? f / nb : -2 - lane;  // invalid lanes: a row nobody else has
+    for (int offset = 1; offset < nl; offset <<= 1) {
+        const int up_row = __shfl_up_sync(kFull, row, offset);
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            const float up = __shfl_up_sync(kFull, v[t], offset);
+            if (lane >= offset && up_row == row) {
+                v[t] += up;
+            }
+        }
+    }
+    if (row == carry_row) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            v[t] += carry[t];
+        }
+    }
+    const bool row_end = valid && f % nb == nb - 1;
+    if (row_end) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            if (t < c.nt) {
+                gemv_store(c, c.row0 + row, t, v[t]);
+            }
+        }
+    }
+    const int  last     = min(nl, nblocks - f0) - 1;
+    const int  last_row = __shfl_sync(kFull, row, last);
+    const bool last_end = __shfl_sync(kFull, (int) row_end, last);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        carry[t] = __shfl_sync(kFull, v[t], last);
+    }
+    carry_row = last_end ? -1 : last_row;
+}
+
+// GGUF Q6_K from shared memory: groups of 8 blocks (1680 bytes, 16-byte aligned); lane group k
+// (8 lanes) takes blocks 2k then 2k + 1, so the 4 blocks of a step start at 4-byte words 0, 105,
+// 210, 315 of the group (+52 for odd blocks): distinct banks modulo 4.
+template <int T>
+static __device__ void gemv_staged_q6_k(const gemv_batch & c, const uint8_t * buf, int nr, int lane) {
+    const int  nb = c.k / 256, nblocks = nr * nb;
+    const int  grp = lane >> 3, q = lane & 7, h = q >> 2, j = q & 3;
+    const bool swap      = lane & 4;
+    int        carry_row = -1;
+    float      carry[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        carry[t] = 0.0f;
+    }
+    for (int f0 = 0; f0 < nblocks; f0 += 8) {
+        float part[2][T];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                part[s][t] = 0.0f;
+            }
+            const int f = f0 + 2 * grp + s;
+            if (f < nblocks) {
+                const uint8_t * blk = buf + 210 * f;  // 4-byte aligned for even f, 2 past that for odd f
+                const uint4     ql  = s ? gemv_lds16_2<true>(blk + 16 * q) : gemv_lds16_2<false>(blk + 16 * q);
+                const uint8_t * qhp = blk + 128 + 16 * (2 * h + (j & 1));
+                const uint4     qh  = s ? gemv_lds16_2<true>(qhp) : gemv_lds16_2<false>(qhp);
+                const int       sc_lo = (int8_t) blk[192 + 8 * h + j], sc_hi = (int8_t) blk[192 + 8 * h + j + 4];
+                const float     d     = gemv_half(*(const unsigned short *) (blk + 208));
+                gemv_q6_dot<T>(ql, qh, sc_lo, sc_hi, d, f % nb, q, swap, c.x, c.nt, part[s]);
+            }
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                for (int offset = 1; offset < 8; offset <<= 1) {
+                    part[s][t] += __shfl_xor_sync(kFull, part[s][t], offset);
+                }
+            }
+        }
+        // Lane i < 8 takes block f0 + i: step i & 1 of lane group i / 2.
+        const int src = 8 * ((lane >> 1) & 3);
+        float     v[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            const float even = __shfl_sync(kFull, part[0][t], src), odd = __shfl_sync(kFull, part[1][t], src);
+            v[t]             = lane & 1 ? odd : even;
+        }
+        gemv_rows_of_blocks<T>(c, f0, 8, nblocks, nb, v, carry_row, carry, lane);
+    }
+}
+
+// GGUF Q8_0 from shared memory: one block (34 bytes) a lane, 32 blocks a group; a block starts 0
+// or 2 bytes past a 4-byte word: 9 aligned words, funnel-shifted.
+template <int T>
+static __device__ void gemv_staged_q8_0(const gemv_batch & c, const uint8_t * buf, int nr, int lane) {
+    const int  nb = c.k / 32, nblocks = nr * nb;
+    const bool swap      = lane & 4;
+    int        carry_row = -1;
+    float      carry[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        carry[t] = 0.0f;
+    }
+    for (int f0 = 0; f0 < nblocks; f0 += 32) {
+        const int f = f0 + lane;
+        float     v[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            v[t] = 0.0f;
+        }
+        if (f < nblocks) {
+            const int        phase = (34 * f) & 2;  // bytes past a word (buf is 16-byte aligned)
+            const uint32_t * wd    = (const uint32_t *) (buf + 34 * f - phase);
+            uint32_t         wv[9];
+#pragma unroll
+            for (int i = 0; i < 9; ++i) {
+                wv[i] = wd[i];
+            }
+            const int shift = phase ? 32 : 16;  // the quants start 2 bytes after the scale
+            const uint4 qa  = make_uint4(__funnelshift_rc(wv[0], wv[1], shift), __funnelshift_rc(wv[1], wv[2], shift),
+                                         __funnelshift_rc(wv[2], wv[3], shift), __funnelshift_rc(wv[3], wv[4], shift));
+            const uint4 qb  = make_uint4(__funnelshift_rc(wv[4], wv[5], shift), __funnelshift_rc(wv[5], wv[6], shift),
+                                         __funnelshift_rc(wv[6], wv[7], shift), __funnelshift_rc(wv[7], wv[8], shift));
+            gemv_q8_dot<T>(qa, qb, gemv_half(wv[0] >> (8 * phase)), f % nb, swap, c.x, c.nt, v);
+        }
+        gemv_rows_of_blocks<T>(c, f0, 32, nblocks, nb, v, carry_row, carry, lane);
+    }
+}
+
+// A batch of whole rows of a staged type: copied to this warp's buffer (the batch starts 16-byte
+// aligned: rows_per_batch is chosen so), then decoded.
+template <int TYPE, int T>
+static __device__ __forceinline__ void gemv_staged_batch(const gemv_batch & c, uint8_t * buf, int row_bytes, int lane) {
+    const int       nr     = min(c.nrows, c.rows - c.row0);
+    const int       nbytes = nr * row_bytes;
+    const uint8_t * src    = c.w + (int64_t) c.row0 * row_bytes;
+    for (int offset = 16 * lane; offset < nbytes; offset += 16 * 32) {
+        gemv_cp_async16(buf + offset, src + offset, min(16, nbytes - offset));
+    }
+    gemv_cp_async_wait_all();
+    __syncwarp();
+    if (TYPE == FRT_GEMV_Q6_K) {
+        gemv_staged_q6_k<T>(c, buf, nr, lane);
+    } else {
+        gemv_staged_q8_0<T>(c, buf, nr, lane);
+    }
+    __syncwarp();  // every lane is done with buf before the next batch overwrites it
+}
+
+// ---- the kernel ----
+
+static __device__ __forceinline__ int gemv_segment_of(const gemv_params & p, int batch) {
+    int si = 0;
+    while (si + 1 < p.n_segments && batch >= p.seg[si + 1].batch_begin) {
+        ++si;
+    }
+    return si;
+}
+
+// Before the wait for the previous kernel: this warp's share of a dense batch's rows into L2.
+static __device__ void gemv_prefetch_l2(const gemv_params & p, int batch, int slice, int lane) {
+    const gemv_seg_plan & s = p.seg[gemv_segment_of(p, batch)];
+    if (s.ids != nullptr) {
+        return;  // which matrix is known only after the wait
+    }
+    const int row0  = (batch - s.batch_begin) * s.rows_per_batch;
+    const int row1  = min(row0 + s.rows_per_batch, s.rows);
+    const int lines = (s.row_bytes + 127) / 128;
+    for (int row = row0; row < row1; ++row) {
+        const uint8_t * w = s.w + row * s.row_stride;
+        for (int line = lane + 32 * slice; line < lines; line += 32 * p.split) {
+#if defined(__CUDA_ARCH__)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(w + 128 * line));
+#endif
+        }
+    }
+}
+
+// Every block: the experts' ids, then each input vector (RMS-normed when asked) as int8 with
+// per-32 scales and per-16 sums, and/or as float, into shared memory.
+static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
+    const int tid  = threadIdx.x;
+    const int lane = tid % 32, warp = tid / 32;
+    int32_t * ids  = (int32_t *) (smem + p.smem_ids);
+    for (int si = 0; si < p.n_segments; ++si) {
+        const gemv_seg_plan & s = p.seg[si];
+        if (s.ids != nullptr) {
+            for (int i = tid; i < s.n_inst; i += kThreads) {
+                ids[s.ids_smem + i] = s.ids[(i / s.n_used) * s.ids_stride + i % s.n_used];
+            }
+        }
+    }
+
+    const int k4 = p.k / 4;
+    __shared__ float partial[kWarps][FRT_GEMV_MAX_TOKENS];  // sums of squares (norm: n_vec <= 8)
+    if (p.norm != nullptr) {
+        for (int v = 0; v < p.n_vec; ++v) {
+            const float4 * x  = (const float4 *) (p.x + v * p.x_stride);
+            float          ss = 0.0f;
+            for (int c = tid; c < k4; c += kThreads) {
+                const float4 xv = x[c];
+                ss += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
+            }
+            for (int offset = 16; offset > 0; offset >>= 1) {
+                ss += __shfl_xor_sync(kFull, ss, offset);
+            }
+            if (lane == 0) {
+                partial[warp][v] = ss;
+            }
+        }
+        __syncthreads();
+    }
+
+    int8_t * xq = (int8_t *) (smem + p.smem_xq);
+    uint2 *  xm = (uint2 *) (smem + p.smem_xm);
+    float *  xf = (float *) (smem + p.smem_xf);
+    // 8 consecutive lanes hold the 32 values of one block (k4 is a multiple of 64, so a warp's
+    // 32 chunks are all in range or all out, and never straddle two vectors).
+    for (int i = tid; i < p.n_vec * k4; i += kThreads) {
+        const int v = i / k4, c = i % k4;
+        float4    xv = ((const float4 *) (p.x + v * p.x_stride))[c];
+        if (p.norm != nullptr) {
+            float ss = 0.0f;
+            for (int w = 0; w < kWarps; ++w) {
+                ss += partial[w][v];
+            }
+            const float  scale = rsqrtf(ss / p.k + p.eps);
+            const float4 nv    = ((const float4 *) p.norm)[c];
+            xv                 = make_float4(xv.x * scale * nv.x, xv.y * scale * nv.y, xv.z * scale * nv.z,
+                                             xv.w * scale * nv.w);
+        }
+        if (p.need_f32) {
+            ((float4 *) xf)[i] = xv;
+        }
+        if (p.need_q8) {
+            float amax = fmaxf(fmaxf(fabsf(xv.x), fabsf(xv.y)), fmaxf(fabsf(xv.z), fabsf(xv.w)));
+            for (int offset = 1; offset < 8; offset <<= 1) {
+                amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, offset));
+            }
+            const float d   = amax / 127.0f;
+            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const int   q0 = __float2int_rn(xv.x * inv), q1 = __float2int_rn(xv.y * inv);
+            const int   q2 = __float2int_rn(xv.z * inv), q3 = __float2int_rn(xv.w * inv);
+            ((int *) xq)[i] = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (q3 & 0xff) << 24;
+            int sum = q0 + q1 + q2 + q3;
+            sum += __shfl_xor_sync(kFull, sum, 1);
+            sum += __shfl_xor_sync(kFull, sum, 2);  // lanes 8m + 0..3: values 0..15 of the block, 8m + 4..7: 16..31
+            const int hi = __shfl_xor_sync(kFull, sum, 4);
+            if (lane % 8 == 0) {
+                xm[i / 8] = make_uint2(__float_as_uint(d), (uint32_t) (sum & 0xffff) | (uint32_t) hi << 16);
+            }
+        }
+    }
+}
+
+// One direct-path type an instance (DIRECT, or -1 for none): all direct types in one kernel make
+// ptxas spill in the hot loops; one direct type plus the staged path does not.
+template <int DIRECT, int T>
+__launch_bounds__(kThreads, 2) static __global__ void frt_gemv_kernel(const __grid_constant__ gemv_params p) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int team = warp / p.split, slice = warp % p.split;
+    const int teams_per_block = kWarps / p.split;
+    const int first = blockIdx.x * teams_per_block + team, n_teams = gridDim.x * teams_per_block;
+
+    if (first < p.total_batches) {
+        gemv_prefetch_l2(p, first, slice, lane);
+    }
+    frt_pdl_wait();
+    gemv_prologue(p, smem);
+    __syncthreads();
+    frt_pdl_launch_dependents();
+
+    const int32_t * ids = (const int32_t *) (smem + p.smem_ids);
+    for (int batch = first; batch < p.total_batches; batch += n_teams) {
+        const gemv_seg_plan & s     = p.seg[gemv_segment_of(p, batch)];
+        const int             local = batch - s.batch_begin;
+        const int             inst  = local / s.batches_per_inst;
+        gemv_batch            c;
+        c.w               = s.w;
+        c.row_stride      = s.row_stride;
+        c.rows            = s.rows;
+        c.row0            = (local - inst * s.batches_per_inst) * s.rows_per_batch;
+        c.nrows           = s.rows_per_batch;
+        c.k               = p.k;
+        c.units_per_row   = s.units_per_row;
+        c.lpr             = s.lpr;
+        c.ipl             = s.ipl;
+        c.split           = p.split;
+        c.slice           = slice;
+        c.nt              = p.tokens;
+        c.out             = s.out;
+        c.out_stride      = s.out_stride;
+        c.residual        = s.residual;
+        c.residual_stride = s.residual_stride;
+        c.epilogue        = s.epilogue;
+        c.team            = (float *) (smem + p.smem_team) + team * kMaxSplit * kMaxRps * T;
+        c.team_barrier    = 1 + team;
+        int vec           = 0;
+        if (s.ids != nullptr) {
+            const int t = inst / s.n_used, j = inst % s.n_used;
+            const int e = ids[s.ids_smem + inst];
+            vec         = t * p.x_per_token + (p.x_per_token == 1 ? 0 : j);
+            c.nt        = 1;
+            c.out += inst * s.out_stride;
+            if (c.residual != nullptr) {
+                c.residual += inst * s.residual_stride;
+            }
+            if (e < 0 || e >= s.n_experts) {
+                // No matrix to read: the rows of this slot become NaN, visibly.
+                const int row1 = min(c.row0 + c.nrows, c.rows);
+                for (int row = c.row0 + lane; row < row1 && slice == 0; row += 32) {
+                    c.out[row] = __int_as_float(0x7fffffff);
+                }
+                continue;
+            }
+            c.w += e * s.expert_stride;
+        }
+        c.x.k = p.k;
+        c.x.q = (const int8_t *) (smem + p.smem_xq) + vec * p.k;
+        c.x.m = (const uint2 *) (smem + p.smem_xm) + vec * (p.k / 32);
+        c.x.f = (const float *) (smem + p.smem_xf) + vec * p.k;
+        uint8_t * stage = smem + p.smem_stage + warp * p.stage_bytes;
+        if (s.type == FRT_GEMV_Q6_K) {
+            gemv_staged_batch<FRT_GEMV_Q6_K, T>(c, stage, s.row_bytes, lane);
+        } else if (s.type == FRT_GEMV_Q8_0) {
+            gemv_staged_batch<FRT_GEMV_Q8_0, T>(c, stage, s.row_bytes, lane);
+        } else if constexpr (DIRECT >= 0) {
+            gemv_direct_batch<DIRECT, T>(c, lane);
+        }
+    }
+}
+
+// ---- launching (host) ----
+
+// The plan of a launch (gemv.cu): nullptr, or why frt_gemv does not take it. smem: its bytes of
+// shared memory. warps_available: resident warps of the device.
+const char * gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params & p, int & smem);
+
+template <int DIRECT, int T> static cudaError_t gemv_launch(const frt_gemv_args & a, cudaStream_t stream) {
+    int         device = 0, sms = 0;
+    cudaError_t err    = cudaGetDevice(&device);
+    if (err == cudaSuccess) {
+        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    }
+    if (err != cudaSuccess) {
+        return err;
+    }
+    gemv_params p;
+    int         smem = 0;
+    if (gemv_plan(a, sms * 2 * kWarps, p, smem) != nullptr) {
+        return cudaErrorInvalidValue;
+    }
+    err               = cudaFuncSetAttribute(frt_gemv_kernel<DIRECT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    int blocks_per_sm = 0;
+    if (err == cudaSuccess) {
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, frt_gemv_kernel<DIRECT, T>, kThreads, smem);
+    }
+    if (err != cudaSuccess) {
+        return err;
+    }
+    const int teams_per_block = kWarps / p.split;
+    const int blocks =
+        std::min((p.total_batches + teams_per_block - 1) / teams_per_block, sms * std::max(1, blocks_per_sm));
+    return frt_launch(frt_gemv_kernel<DIRECT, T>, dim3(blocks), dim3(kThreads), (size_t) smem, stream, p);
+}
+
+// The instance for launches of up to T tokens whose direct-path type is `direct` (-1: none).
+template <int T> static cudaError_t gemv_launch_tokens(const frt_gemv_args & a, int direct, cudaStream_t stream) {
+    switch (direct) {
+        case FRT_GEMV_F32:    return gemv_launch<FRT_GEMV_F32, T>(a, stream);
+        case FRT_GEMV_F16:    return gemv_launch<FRT_GEMV_F16, T>(a, stream);
+        case FRT_GEMV_BF16:   return gemv_launch<FRT_GEMV_BF16, T>(a, stream);
+        case FRT_GEMV_Q4_K:   return gemv_launch<FRT_GEMV_Q4_K, T>(a, stream);
+        case FRT_GEMV_Q5_K:   return gemv_launch<FRT_GEMV_Q5_K, T>(a, stream);
+        case FRT_GEMV_Q6_K_R: return gemv_launch<FRT_GEMV_Q6_K_R, T>(a, stream);
+        case FRT_GEMV_Q8_0_R: return gemv_launch<FRT_GEMV_Q8_0_R, T>(a, stream);
+        default:              return gemv_launch<-1, T>(a, stream);
+    }
+}
+
+// Defined in gemv-tokens{1,2,4,8}.cu.
+cudaError_t gemv_launch_tokens1(const frt_gemv_args & a, int direct, cudaStream_t stream);
+cudaError_t gemv_launch_tokens2(const frt_gemv_args & a, int direct, cudaStream_t stream);
+cudaError_t gemv_launch_tokens4(const frt_gemv_args & a, int direct, cudaStream_t stream);
+cudaError_t gemv_launch_tokens8(const frt_gemv_args & a, int direct, cudaStream_t stream);
+

@@ -1,0 +1,306 @@
+#include "gemv-impl.cuh"
+
+#include <algorithm>
+#include <cstdint>
+
+// The host side of frt_gemv: checks and plans a launch; the kernels are in gemv-impl.cuh.
+
+static constexpr int kMaxSmem    = 99 * 1024;  // the most sm_120 (RTX 50xx) gives a block
+static constexpr int kStageWant  = 4096;       // bytes a warp stages at once (staged path)
+static constexpr int kStageSlack = 16;  // Q8_0 blocks are read as 9 aligned words: up to 2 bytes past a batch
+
+static bool gemv_staged(int type) {
+    return type == FRT_GEMV_Q6_K || type == FRT_GEMV_Q8_0;
+}
+
+static bool gemv_quantized(int type) {
+    return type != FRT_GEMV_F32 && type != FRT_GEMV_F16 && type != FRT_GEMV_BF16;
+}
+
+// Direct path: 16-byte items a row. Staged path: blocks a row.
+static int gemv_units_per_row(int type, int k) {
+    switch (type) {
+        case FRT_GEMV_F32:  return k / 4;
+        case FRT_GEMV_F16:
+        case FRT_GEMV_BF16: return k / 8;
+        case FRT_GEMV_Q6_K: return k / 256;
+        default:            return k / 32;  // Q4_K, Q5_K, Q6_K_R (8 items a 256-block), Q8_0, Q8_0_R
+    }
+}
+
+frt_gemv_type frt_gemv_repacked_type(frt_gemv_type type) {
+    return type == FRT_GEMV_Q6_K ? FRT_GEMV_Q6_K_R : type == FRT_GEMV_Q8_0 ? FRT_GEMV_Q8_0_R : type;
+}
+
+int64_t frt_gemv_row_bytes(frt_gemv_type type, int k) {
+    const int64_t nb = k / 256;
+    switch (type) {
+        case FRT_GEMV_F32:    return 4 * (int64_t) k;
+        case FRT_GEMV_F16:
+        case FRT_GEMV_BF16:   return 2 * (int64_t) k;
+        case FRT_GEMV_Q4_K:   return 144 * nb;
+        case FRT_GEMV_Q5_K:   return 176 * nb;
+        case FRT_GEMV_Q6_K:   return 210 * nb;
+        case FRT_GEMV_Q8_0:   return 34 * (int64_t) (k / 32);
+        case FRT_GEMV_Q6_K_R: return 208 * nb + (2 * nb + 15) / 16 * 16;
+        case FRT_GEMV_Q8_0_R: return (int64_t) k + ((int64_t) k / 16 + 15) / 16 * 16;
+        default:              return 0;
+    }
+}
+
+static bool gemv_aligned16(const void * p) {
+    return (uintptr_t) p % 16 == 0;
+}
+
+// Shared memory of a launch (bytes), and its layout into p (the offsets).
+static int gemv_layout(const frt_gemv_args & a, int split, int tokens_max, int stage_bytes, gemv_params & p) {
+    auto take = [](int & at, int64_t bytes) {
+        const int start = at;
+        at += (int) ((bytes + 15) / 16 * 16);
+        return start;
+    };
+    int at       = 0;
+    p.smem_ids   = take(at, 4 * (int64_t) p.n_ids);
+    p.smem_xm    = take(at, p.need_q8 ? 8 * (int64_t) p.n_vec * (a.k / 32) : 0);
+    p.smem_xq    = take(at, p.need_q8 ? (int64_t) p.n_vec * a.k : 0);
+    p.smem_xf    = take(at, p.need_f32 ? 4 * (int64_t) p.n_vec * a.k : 0);
+    p.smem_team  = take(at, split > 1 ? 4 * (int64_t) kWarps * kMaxSplit * kMaxRps * tokens_max : 0);
+    p.smem_stage = take(at, (int64_t) kWarps * stage_bytes);
+    return at;
+}
+
+static int gemv_tokens_max(int tokens) {
+    return tokens == 1 ? 1 : tokens == 2 ? 2 : tokens <= 4 ? 4 : 8;
+}
+
+// Rows a staged batch takes: a multiple of the rows that keep its start 16-byte aligned.
+static int gemv_staged_rows(int64_t row_bytes) {
+    int aligned = 1;
+    while ((aligned * row_bytes) % 16 != 0) {
+        ++aligned;
+    }
+    return aligned * (int) std::max<int64_t>(1, kStageWant / (aligned * row_bytes));
+}
+
+// Everything but the split and the grid: which needs what, staging, ids.
+static const char * gemv_check(const frt_gemv_args & a, int & stage_bytes, int & direct, gemv_params & p) {
+    if (a.k <= 0 || a.k % 256 != 0) {
+        return "frt_gemv: k must be a positive multiple of 256";
+    }
+    if (a.tokens < 1 || a.tokens > FRT_GEMV_MAX_TOKENS) {
+        return "frt_gemv: 1 to 8 tokens";
+    }
+    if (a.n_segments < 1 || a.n_segments > FRT_GEMV_MAX_SEGMENTS) {
+        return "frt_gemv: 1 to 8 segments";
+    }
+    if (a.x == nullptr || !gemv_aligned16(a.x) || a.x_stride % 4 != 0 || a.x_stride < a.k) {
+        return "frt_gemv: x must be 16-byte aligned with a stride of k or more, a multiple of 4";
+    }
+    if (a.norm != nullptr && !gemv_aligned16(a.norm)) {
+        return "frt_gemv: norm must be 16-byte aligned";
+    }
+    if (a.x_per_token < 1 || a.x_per_token > FRT_GEMV_MAX_SLOTS) {
+        return "frt_gemv: x_per_token must be 1 or the experts a token";
+    }
+    p.n_vec = a.tokens * a.x_per_token;
+    if (a.norm != nullptr && p.n_vec > FRT_GEMV_MAX_TOKENS) {
+        return "frt_gemv: the RMS norm prologue takes at most 8 input vectors";
+    }
+    p.need_q8 = p.need_f32 = 0;
+    p.n_ids     = 0;
+    stage_bytes = 0;
+    direct      = -1;
+    for (int i = 0; i < a.n_segments; ++i) {
+        const frt_gemv_segment & s = a.seg[i];
+        if (s.type < 0 || s.type >= FRT_GEMV_TYPE_COUNT) {
+            return "frt_gemv: unknown weight type";
+        }
+        if (s.w == nullptr || !gemv_aligned16(s.w) || s.out == nullptr || s.rows < 1) {
+            return "frt_gemv: a segment needs 16-byte aligned weights, an output and rows >= 1";
+        }
+        if (s.epilogue != FRT_GEMV_STORE && (s.epilogue != FRT_GEMV_ADD || s.residual == nullptr)) {
+            return "frt_gemv: unknown epilogue, or FRT_GEMV_ADD without a residual";
+        }
+        const int64_t row_bytes = frt_gemv_row_bytes(s.type, a.k);
+        if (gemv_staged(s.type) ? s.row_stride != row_bytes : s.row_stride < row_bytes || s.row_stride % 16 != 0) {
+            return "frt_gemv: row stride: GGUF Q6_K/Q8_0 rows must be contiguous, the others a multiple of 16 bytes "
+                   "no smaller than the row";
+        }
+        if (s.ids != nullptr) {
+            if (s.n_used < 1 || a.tokens * s.n_used > FRT_GEMV_MAX_SLOTS || s.n_experts < 1 ||
+                s.expert_stride % 16 != 0 || (a.x_per_token != 1 && a.x_per_token != s.n_used)) {
+                return "frt_gemv: experts: 1 <= tokens x n_used <= 64, n_experts >= 1, expert stride a multiple of 16, "
+                       "x_per_token 1 or n_used";
+            }
+            p.n_ids += a.tokens * s.n_used;
+        } else if (a.x_per_token != 1) {
+            return "frt_gemv: a dense segment reads one input a token (x_per_token == 1)";
+        }
+        if (!gemv_staged(s.type)) {
+            if (direct >= 0 && direct != s.type) {
+                return "frt_gemv: one launch takes one type besides GGUF Q6_K/Q8_0 (which may join any): split the "
+                       "pack by type";
+            }
+            direct = s.type;
+        }
+        if (gemv_quantized(s.type)) {
+            p.need_q8 = 1;
+        } else {
+            p.need_f32 = 1;
+        }
+        if (gemv_staged(s.type)) {
+            stage_bytes = std::max<int>(stage_bytes, (int) (gemv_staged_rows(row_bytes) * row_bytes));
+        }
+    }
+    if (stage_bytes > 0) {
+        stage_bytes = (stage_bytes + 15) / 16 * 16 + kStageSlack;
+    }
+    return nullptr;
+}
+
+const char * frt_gemv_unsupported(const frt_gemv_args & a) {
+    gemv_params p;
+    int         stage_bytes = 0, direct = -1;
+    if (const char * why = gemv_check(a, stage_bytes, direct, p)) {
+        return why;
+    }
+    // The largest split gives the largest layout.
+    if (gemv_layout(a, kMaxSplit, gemv_tokens_max(a.tokens), stage_bytes, p) > kMaxSmem) {
+        return "frt_gemv: the inputs do not fit in shared memory (fewer tokens, or a smaller k with float weights)";
+    }
+    return nullptr;
+}
+
+const char * gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params & p, int & smem) {
+    int stage_bytes = 0, direct = -1;
+    if (const char * why = gemv_check(a, stage_bytes, direct, p)) {
+        return why;
+    }
+    p.x           = a.x;
+    p.norm        = a.norm;
+    p.x_stride    = a.x_stride;
+    p.eps         = a.eps;
+    p.k           = a.k;
+    p.tokens      = a.tokens;
+    p.x_per_token = a.x_per_token;
+    p.n_segments  = a.n_segments;
+    p.stage_bytes = stage_bytes;
+
+    // Lanes a row and split. "fill": the fewest lanes a row (>= 8) whose items fill U loads a lane;
+    // "wide": 32 lanes a row, for launches with few rows. Of the candidates, the fewest rounds of
+    // warps over the rows, then the most warps busy, then the smallest split.
+    const int tokens_max = gemv_tokens_max(a.tokens);
+    bool      staged     = false;
+    for (int i = 0; i < a.n_segments; ++i) {
+        staged = staged || gemv_staged(a.seg[i].type);
+    }
+    auto lanes_a_row = [&](const frt_gemv_segment & s, bool wide, int split) {
+        if (wide) {
+            return 32;
+        }
+        const int units = gemv_units_per_row(s.type, a.k);
+        const int want  = (units + gemv_items_in_flight(s.type, tokens_max) * split - 1) /
+                         (gemv_items_in_flight(s.type, tokens_max) * split);
+        int lpr = 8;
+        while (lpr < want && lpr < 32) {
+            lpr *= 2;
+        }
+        return lpr;
+    };
+    // Warps busy at once for a candidate, or -1 when a slice would get no item.
+    auto warps_for = [&](bool wide, int split) -> int64_t {
+        int64_t warps = 0;
+        for (int i = 0; i < a.n_segments; ++i) {
+            const frt_gemv_segment & s      = a.seg[i];
+            const int                n_inst = s.ids ? a.tokens * s.n_used : 1;
+            if (gemv_staged(s.type)) {
+                warps += (int64_t) n_inst * ((s.rows + gemv_staged_rows(frt_gemv_row_bytes(s.type, a.k)) - 1) /
+                                             gemv_staged_rows(frt_gemv_row_bytes(s.type, a.k)));
+                continue;
+            }
+            const int lpr = lanes_a_row(s, wide, split);
+            if (gemv_units_per_row(s.type, a.k) < lpr * split) {
+                return -1;
+            }
+            warps += (int64_t) n_inst * ((s.rows + 32 / lpr - 1) / (32 / lpr)) * split;
+        }
+        return warps;
+    };
+    bool    wide = false;
+    int64_t best_rounds = 0, best_busy = 0;
+    p.split = 0;
+    for (int split = 1; split <= (staged ? 1 : kMaxSplit); split *= 2) {
+        for (const bool w : { false, true }) {
+            const int64_t warps = warps_for(w, split);
+            if (warps < 0) {
+                continue;
+            }
+            const int64_t rounds = (warps + warps_available - 1) / warps_available;
+            const int64_t busy   = std::min<int64_t>(warps, warps_available);
+            if (p.split == 0 || rounds < best_rounds || (rounds == best_rounds && busy > best_busy)) {
+                p.split     = split;
+                wide        = w;
+                best_rounds = rounds;
+                best_busy   = busy;
+            }
+        }
+    }
+
+    int batches = 0, ids_at = 0;
+    for (int i = 0; i < a.n_segments; ++i) {
+        const frt_gemv_segment & s = a.seg[i];
+        gemv_seg_plan &          q = p.seg[i];
+        q.w               = (const uint8_t *) s.w;
+        q.out             = s.out;
+        q.residual        = s.residual;
+        q.ids             = s.ids;
+        q.row_stride      = s.row_stride;
+        q.out_stride      = s.out_stride;
+        q.residual_stride = s.residual_stride;
+        q.ids_stride      = s.ids_stride;
+        q.expert_stride   = s.expert_stride;
+        q.type            = s.type;
+        q.rows            = s.rows;
+        q.epilogue        = s.epilogue;
+        q.n_used          = s.n_used;
+        q.n_experts       = s.n_experts;
+        q.row_bytes       = (int) frt_gemv_row_bytes(s.type, a.k);
+        q.n_inst          = s.ids ? a.tokens * s.n_used : 1;
+        q.units_per_row   = gemv_units_per_row(s.type, a.k);
+        q.ids_smem        = ids_at;
+        ids_at += s.ids ? q.n_inst : 0;
+        if (gemv_staged(s.type)) {
+            q.lpr = q.ipl = 1;
+            q.rows_per_batch      = gemv_staged_rows(q.row_bytes);
+        } else {
+            q.lpr            = lanes_a_row(s, wide, p.split);
+            q.ipl            = (q.units_per_row + q.lpr * p.split - 1) / (q.lpr * p.split);
+            q.rows_per_batch = 32 / q.lpr;
+        }
+        q.batches_per_inst = (s.rows + q.rows_per_batch - 1) / q.rows_per_batch;
+        q.batch_begin      = batches;
+        batches += q.n_inst * q.batches_per_inst;
+    }
+    p.total_batches = batches;
+    smem            = gemv_layout(a, p.split, tokens_max, stage_bytes, p);
+    if (smem > kMaxSmem) {
+        return "frt_gemv: the inputs do not fit in shared memory (fewer tokens, or a smaller k with float weights)";
+    }
+    return nullptr;
+}
+
+cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream) {
+    if (frt_gemv_unsupported(args) != nullptr) {
+        return cudaErrorInvalidValue;
+    }
+    int direct = -1;
+    for (int i = 0; i < args.n_segments; ++i) {
+        direct = gemv_staged(args.seg[i].type) ? direct : args.seg[i].type;
+    }
+    switch (gemv_tokens_max(args.tokens)) {
+        case 1:  return gemv_launch_tokens1(args, direct, stream);
+        case 2:  return gemv_launch_tokens2(args, direct, stream);
+        case 4:  return gemv_launch_tokens4(args, direct, stream);
+        default: return gemv_launch_tokens8(args, direct, stream);
+    }
+}

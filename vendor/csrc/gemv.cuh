@@ -1,0 +1,130 @@
+#pragma once
+
+// Decode GEMV: out = W x for 1..8 tokens (speculative verify), W in GGUF block formats, several
+// matrices that read the same input in ONE launch (packs: q/k/v, the Gated DeltaNet input
+// projections, gate+up), expert matrices picked by a device-side ids array (capture-safe).
+//
+// Design (numbers for an H200: 4.38 TB/s read, 132 SMs, ~700 ns DRAM latency under load):
+//
+// - The activation is quantized inside the kernel. At 4.38 TB/s a Q4_K matvec consumes 7.8e12
+//   weights/s; dequantizing each weight to float and multiplying costs ~3 float/int instructions a
+//   weight (unpack, convert, FMA), which is ~2/3 of the fp32 issue rate and leaves nothing for the
+//   rest. Integer dot products (dp4a) take 4 weights an instruction, so every block of the grid
+//   quantizes x (RMS-normed first when asked) to int8 with one float scale per 32 values and
+//   int sums per 16 (for the Q4_K/Q5_K mins and the Q6_K offset) into shared memory, like q8_1 but
+//   with no separate launch. F32/F16/BF16 weights (routers, gates) are multiplied in float with x
+//   kept in float in shared memory.
+// - Bytes in flight: each warp owns a "batch" of rows and issues all of its 16-byte loads for U
+//   items (U = 4..16 by type, ~60 registers) before it computes; 16 warps per SM keep ~55-75 KB in
+//   flight per SM (Little: 33 GB/s per SM x ~0.8 us = ~27 KB needed). Warps loop over batches
+//   (grid = SMs x resident blocks), so x is quantized once per block, not per row.
+// - Narrow matrices (router 2048 -> 256, alpha/beta 32 rows): when there are fewer row groups
+//   than warps, S warps of a block ("a team", S = 2..8) split K of the same rows and add their
+//   partial sums in shared memory in a fixed order; the grid still covers the SMs.
+// - Before waiting for the previous kernel (programmatic dependent launch, pdl.cuh), each warp
+//   prefetches its first batch of dense weights into L2; ids and x are read after the wait.
+// - Layouts. A 16-byte item is what one lane multiplies at a time: 32 weights (quantized) or
+//   4/8 weights (F32/F16/BF16). Lane l of a warp takes item l of a row (32 lanes = 512
+//   contiguous bytes of quants: coalesced), and its block header with an 8-lane broadcast load.
+//     Q4_K (144 B/256) and Q5_K (176 B/256) blocks are 16-byte aligned: read in place.
+//     Q6_K (210 B) and Q8_0 (34 B) blocks are only 2-byte aligned. Dense matrices use a repacked
+//     layout (FRT_GEMV_Q6_K_R / Q8_0_R, frt_gemv_repack; same bytes in another order, rows padded
+//     to 16 bytes):
+//       Q6_K_R row: per block [ql 128 B][qh 64 B][scales 16 B, reordered so that the two a lane
+//                   needs are adjacent: (s0,s4)(s1,s5)(s2,s6)(s3,s7)(s8,s12)...(s11,s15)],
+//                   then the row's block scales d (2 B each), padded to 16 B.
+//       Q8_0_R row: the row's quants (32 B a block), then its scales d (2 B each) (k % 256 == 0
+//                   makes that a multiple of 16: no padding, the same size as GGUF).
+//     Expert matrices stay in place (no copy of 20 GB): Q6_K and Q8_0 in GGUF layout are staged
+//     through shared memory instead (cp.async of whole rows, 16-byte aligned runs), each warp
+//     its own buffer, then decoded from shared memory with 4-byte reads and funnel shifts; a
+//     segmented warp scan adds the blocks of each row, so any k works.
+// - Epilogue at the store of each output: plain store or residual add; later SwiGLU of a gate and
+//   an up segment and sigmoid gates go there (frt_gemv_epilogue).
+//
+// Numerics: the result is sum_i w_i * xq_i (exact integer dot products, float scales), where xq is
+// x rounded to int8 per 32 values: |xq_i - x_i| <= d/2, d = max|x| / 127 of its 32-block.
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+enum frt_gemv_type : int32_t {
+    FRT_GEMV_F32 = 0,
+    FRT_GEMV_F16,
+    FRT_GEMV_BF16,
+    FRT_GEMV_Q4_K,    // GGUF rows, read in place
+    FRT_GEMV_Q5_K,    // GGUF rows, read in place
+    FRT_GEMV_Q6_K,    // GGUF rows, read in place through shared memory (experts)
+    FRT_GEMV_Q8_0,    // GGUF rows, read in place through shared memory (experts)
+    FRT_GEMV_Q6_K_R,  // repacked by frt_gemv_repack (dense weights)
+    FRT_GEMV_Q8_0_R,  // repacked by frt_gemv_repack (dense weights)
+    FRT_GEMV_TYPE_COUNT
+};
+
+enum frt_gemv_epilogue : int32_t {
+    FRT_GEMV_STORE = 0,  // out = W x
+    FRT_GEMV_ADD,        // out = W x + residual (residual may be out itself)
+};
+
+constexpr int FRT_GEMV_MAX_SEGMENTS = 8;
+constexpr int FRT_GEMV_MAX_TOKENS   = 8;
+constexpr int FRT_GEMV_MAX_SLOTS    = 64;  // expert matrices of one segment: tokens x experts used
+
+// One matrix of the launch, or one stacked expert tensor of which `ids` selects n_used a token.
+struct frt_gemv_segment {
+    frt_gemv_type     type;
+    const void *      w;           // row r at w + r * row_stride (experts: of matrix w + e * expert_stride)
+    int               rows;
+    int64_t           row_stride;  // bytes; GGUF Q6_K/Q8_0 rows must be contiguous (the row size)
+    float *           out;         // dense: out[t * out_stride + r]; experts: out[s * out_stride + r]
+    int64_t           out_stride;  // elements, between tokens (dense) or slots s = t * n_used + j
+    frt_gemv_epilogue epilogue;
+    const float *     residual;  // FRT_GEMV_ADD: indexed like out (may be out)
+    int64_t           residual_stride;
+    // Experts, when ids != nullptr: slot (t, j) multiplies matrix ids[t * ids_stride + j] (0 <= id
+    // < n_experts; another id gives NaN rows) with input vector t * x_per_token + (x_per_token == 1
+    // ? 0 : j) of the launch.
+    const int32_t *   ids;
+    int64_t           ids_stride;     // elements between tokens
+    int               n_used;         // experts a token
+    int               n_experts;      // matrices in the stacked tensor
+    int64_t           expert_stride;  // bytes
+};
+
+struct frt_gemv_args {
+    const float * x;            // input vectors, vector v at x + v * x_stride (elements), k floats each
+    int64_t       x_stride;
+    int           k;            // columns of every matrix of the launch
+    int           tokens;       // 1..8
+    int           x_per_token;  // 1, or n_used of the expert segments (down projections: one input a slot)
+    const float * norm;         // non-null: each input vector v is first replaced by v / rms(v) * norm
+    float         eps;          // rms(v) = sqrt(mean(v^2) + eps)
+    int           n_segments;
+    frt_gemv_segment seg[FRT_GEMV_MAX_SEGMENTS];
+};
+
+// nullptr when frt_gemv supports `args`; otherwise why not (the caller then runs its fallback).
+// Needs: k a positive multiple of 256; 1 <= tokens <= 8; 1 <= n_segments <= 8; x, norm, weights
+// and expert strides 16-byte aligned, x_stride a multiple of 4, row strides of multiples of 16
+// bytes (GGUF Q6_K/Q8_0: exactly the row size); dense segments only when x_per_token == 1; at most
+// 64 expert slots a segment; x (normed, quantized and, for float weights, in float) fitting in
+// shared memory (8 tokens x k = 4096 with float weights does not). out must not overlap x or w.
+const char * frt_gemv_unsupported(const frt_gemv_args & args);
+
+// Launches on `stream` (capture-safe, programmatic dependent launch like ggml-cuda). Returns
+// cudaErrorInvalidValue when frt_gemv_unsupported(args) says why.
+cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream);
+
+// The layout frt_gemv reads fastest for dense weights of GGUF type `type`: FRT_GEMV_Q6_K_R for
+// FRT_GEMV_Q6_K, FRT_GEMV_Q8_0_R for FRT_GEMV_Q8_0, `type` itself for the others.
+frt_gemv_type frt_gemv_repacked_type(frt_gemv_type type);
+
+// Bytes of one row of k columns in `type`'s layout (GGUF row size, or the repacked row size).
+int64_t frt_gemv_row_bytes(frt_gemv_type type, int k);
+
+// Converts `rows` GGUF rows of `type` (FRT_GEMV_Q6_K or FRT_GEMV_Q8_0; row r at src + r *
+// src_row_stride) into frt_gemv_repacked_type(type)'s layout at dst (row stride
+// frt_gemv_row_bytes(repacked type, k), 16-byte aligned, not overlapping src). For the overlay's
+// repack cache, before CUDA graph capture.
+cudaError_t frt_gemv_repack(frt_gemv_type type, const void * src, int64_t src_row_stride, int rows, int k, void * dst,
+                            cudaStream_t stream);

@@ -1,0 +1,477 @@
+// Unit test of frt_gemv (vendor/csrc/gemv.cu) and frt_gemv_repack against a float64 CPU reference
+// that dequantizes random GGUF rows (tests/test-gemv-reference.cuh): the decode shapes of a
+// Qwen3.6-35B-A3B step (the packs, the experts by ids, the LM head), odd shapes (rows not a
+// multiple of anything, k = 256 + 512 n, 1..8 tokens, ids with repeats and one out of range) and
+// launches frt_gemv must refuse. Fresh random weights and inputs every run (the seed is printed);
+// every output is poisoned with NaN first and every element is checked twice: against the same
+// sum with x rounded to int8 as the kernel rounds it (bound: float rounding only), and against
+// the exact sum (bound: plus d/2 of each 32-block times the |w| it multiplies). The padding
+// between output rows must stay NaN. Needs a GPU:
+//   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu vendor/csrc/tests/test-gemv.cu \
+//        -o test-gemv && ./test-gemv [seed]
+
+#include "gemv.cuh"
+#include "tests/test-gemv-reference.cuh"
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#define CHECK(call)                                                                                   \
+    do {                                                                                              \
+        const cudaError_t err_ = (call);                                                              \
+        if (err_ != cudaSuccess) {                                                                    \
+            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, __LINE__); \
+            std::exit(2);                                                                             \
+        }                                                                                             \
+    } while (0)
+
+namespace {
+
+constexpr uint32_t kPoison = 0xffffffffu;  // a NaN
+
+struct seg_case {
+    frt_gemv_type type;            // as stored in the GGUF (F32/F16/BF16, Q4_K, Q5_K, Q6_K, Q8_0)
+    int           rows;
+    bool          repack   = false;  // Q6_K/Q8_0: multiply the repacked copy
+    int           n_experts = 0;     // > 0: a stacked expert tensor, matrices chosen by ids
+    bool          add      = false;  // FRT_GEMV_ADD
+    bool          in_place = false;  // the residual is the output itself
+};
+
+struct test_case {
+    std::string           name;
+    int                   k, tokens;
+    std::vector<seg_case> segs;
+    bool                  norm        = false;
+    int                   n_used      = 0;      // experts a token
+    bool                  x_per_slot  = false;  // down projections: one input vector a slot
+    bool                  repeat_ids  = false;  // the same expert twice in a token and across tokens
+    bool                  bad_id      = false;  // one slot's id out of range: its rows must be NaN
+};
+
+template <typename T> T * upload(const std::vector<T> & v) {
+    T * d = nullptr;
+    CHECK(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * sizeof(T)));
+    CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+template <typename T> std::vector<T> download(const T * d, size_t n) {
+    std::vector<T> v(n);
+    CHECK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+struct segment_data {
+    std::vector<uint8_t> weights;   // GGUF bytes: n_matrices x rows x row_bytes
+    int64_t              row_bytes = 0;
+    int                  matrices  = 1;
+    void *               device    = nullptr;  // what frt_gemv reads (repacked when asked)
+    std::vector<void *>  allocations;
+    float *              out      = nullptr;
+    float *              residual = nullptr;
+    int64_t              out_stride = 0;
+    int                  n_out      = 0;  // tokens (dense) or slots (experts)
+    std::vector<float>   residual_host;
+};
+
+// Runs one case; returns true when every output is within its bounds.
+bool run_case(const test_case & tc, std::mt19937_64 & rng) {
+    const int k = tc.k, T = tc.tokens;
+    const int n_used = tc.n_used, slots = T * std::max(1, n_used);
+    const int x_per_token = tc.x_per_slot ? n_used : 1;
+    const int n_vec       = T * x_per_token;
+    const int64_t x_stride = k + 4 * (int64_t) (rng() % 3);  // padded inputs too
+    bool repack_ok = true;
+
+    // Inputs: N(0, 1), every fifth 32-block ten times larger (scales differ between blocks); the
+    // norm weight in [0.5, 1.5].
+    std::normal_distribution<float>       normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> uniform(0.5f, 1.5f);
+    std::vector<float> x(n_vec * x_stride, 0.0f), norm(k);
+    for (int v = 0; v < n_vec; ++v) {
+        for (int i = 0; i < k; ++i) {
+            x[v * x_stride + i] = normal(rng) * (i / 32 % 5 == 0 ? 10.0f : 1.0f);
+        }
+    }
+    for (float & n : norm) {
+        n = uniform(rng);
+    }
+    const float eps = 1e-6f;
+
+    // Expert ids: distinct per token, or with repeats; one out of range when asked.
+    std::vector<int32_t> ids;
+    const int            ids_stride = n_used + 1;
+    int                  n_experts  = 0;
+    for (const seg_case & sc : tc.segs) {
+        n_experts = std::max(n_experts, sc.n_experts);
+    }
+    if (n_used > 0) {
+        ids.assign(T * ids_stride, -7);
+        for (int t = 0; t < T; ++t) {
+            for (int j = 0; j < n_used; ++j) {
+                int id = (int) (rng() % (uint64_t) n_experts);
+                if (tc.repeat_ids && j % 3 == 2) {
+                    id = ids[t * ids_stride + j - 1];  // the same matrix twice in a token
+                }
+                if (tc.repeat_ids && t > 0 && j == 0) {
+                    id = ids[0];  // and in another token
+                }
+                ids[t * ids_stride + j] = id;
+            }
+        }
+        if (tc.bad_id) {
+            ids[(T - 1) * ids_stride + n_used / 2] = n_experts + 3;
+        }
+    }
+
+    frt_gemv_args args{};
+    args.x           = nullptr;
+    args.x_stride    = x_stride;
+    args.k           = k;
+    args.tokens      = T;
+    args.x_per_token = x_per_token;
+    args.eps         = eps;
+    args.n_segments  = (int) tc.segs.size();
+    float *   d_x    = upload(x);
+    float *   d_norm = upload(norm);
+    int32_t * d_ids  = n_used > 0 ? upload(ids) : nullptr;
+    args.x           = d_x;
+    args.norm        = tc.norm ? d_norm : nullptr;
+
+    std::vector<segment_data> data(tc.segs.size());
+    for (size_t si = 0; si < tc.segs.size(); ++si) {
+        const seg_case & sc = tc.segs[si];
+        segment_data &   sd = data[si];
+        sd.row_bytes        = gemv_ref::gguf_row_bytes(sc.type, k);
+        sd.matrices         = sc.n_experts > 0 ? sc.n_experts : 1;
+        sd.weights.resize((size_t) sd.matrices * sc.rows * sd.row_bytes);
+        for (int64_t r = 0; r < (int64_t) sd.matrices * sc.rows; ++r) {
+            gemv_ref::random_row(sc.type, k, sd.weights.data() + r * sd.row_bytes, rng);
+        }
+        uint8_t * d_w = upload(sd.weights);
+        sd.allocations.push_back(d_w);
+        frt_gemv_segment & s = args.seg[si];
+        s.type               = sc.type;
+        s.w                  = d_w;
+        s.rows               = sc.rows;
+        s.row_stride         = sd.row_bytes;
+        if (sc.repack) {
+            const frt_gemv_type rt        = frt_gemv_repacked_type(sc.type);
+            const int64_t       rrow      = frt_gemv_row_bytes(rt, k);
+            const int64_t       all_rows  = (int64_t) sd.matrices * sc.rows;
+            uint8_t *           d_r       = nullptr;
+            CHECK(cudaMalloc(&d_r, all_rows * rrow));
+            CHECK(cudaMemset(d_r, 0xa5, all_rows * rrow));  // padding must be rewritten too
+            CHECK(frt_gemv_repack(sc.type, d_w, sd.row_bytes, (int) all_rows, k, d_r, 0));
+            CHECK(cudaDeviceSynchronize());
+            const std::vector<uint8_t> got = download(d_r, (size_t) (all_rows * rrow));
+            for (int64_t r = 0; r < all_rows && repack_ok; ++r) {
+                const std::vector<uint8_t> want = gemv_ref::repack_row(sc.type, k, sd.weights.data() + r * sd.row_bytes);
+                if (std::memcmp(want.data(), got.data() + r * rrow, (size_t) rrow) != 0) {
+                    std::printf("     repacked row %" PRId64 " of segment %zu differs from the documented layout\n", r,
+                                si);
+                    repack_ok = false;
+                }
+            }
+            sd.allocations.push_back(d_r);
+            s.type       = rt;
+            s.w          = d_r;
+            s.row_stride = rrow;
+        }
+        sd.n_out      = sc.n_experts > 0 ? slots : T;
+        sd.out_stride = sc.rows + 3;  // the padding must stay NaN
+        std::vector<uint32_t> poison((size_t) sd.n_out * sd.out_stride, kPoison);
+        sd.out = (float *) upload(poison);
+        s.out        = sd.out;
+        s.out_stride = sd.out_stride;
+        if (sc.add) {
+            sd.residual_host.resize((size_t) sd.n_out * sd.out_stride);
+            for (float & v : sd.residual_host) {
+                v = normal(rng);
+            }
+            if (sc.in_place) {
+                CHECK(cudaMemcpy(sd.out, sd.residual_host.data(), sd.residual_host.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice));
+                sd.residual = sd.out;
+            } else {
+                sd.residual = upload(sd.residual_host);
+            }
+            s.epilogue        = FRT_GEMV_ADD;
+            s.residual        = sd.residual;
+            s.residual_stride = sd.out_stride;
+        }
+        if (sc.n_experts > 0) {
+            s.ids           = d_ids;
+            s.ids_stride    = ids_stride;
+            s.n_used        = n_used;
+            s.n_experts     = sc.n_experts;
+            s.expert_stride = (int64_t) sc.rows * s.row_stride;
+        }
+    }
+
+    if (const char * why = frt_gemv_unsupported(args)) {
+        std::printf("FAIL %-34s refused: %s\n", tc.name.c_str(), why);
+        return false;
+    }
+    CHECK(frt_gemv(args, 0));
+    CHECK(cudaDeviceSynchronize());
+
+    // Reference, per input vector: float64 x (normed) and the kernel's int8 rounding of it.
+    const double                   delta = tc.norm ? gemv_ref::norm_error(k) : 0.0;
+    std::vector<std::vector<double>> xs(n_vec);
+    std::vector<gemv_ref::rounded>   rs;
+    for (int v = 0; v < n_vec; ++v) {
+        const float * xv = x.data() + v * x_stride;
+        if (tc.norm) {
+            xs[v] = gemv_ref::rms_normed(xv, norm.data(), k, eps);
+            rs.push_back(gemv_ref::round_normed(xs[v], k, delta));
+        } else {
+            xs[v].assign(xv, xv + k);
+            rs.push_back(gemv_ref::round_like_kernel(xv, k));
+        }
+    }
+
+    double worst_sharp = 0.0, worst_exact = 0.0;
+    int64_t bad = 0, checked = 0;
+    std::vector<double> w(k), a(k);
+    for (size_t si = 0; si < tc.segs.size(); ++si) {
+        const seg_case &     sc = tc.segs[si];
+        const segment_data & sd = data[si];
+        const std::vector<uint32_t> got = download((const uint32_t *) sd.out, (size_t) sd.n_out * sd.out_stride);
+        // For each output column (token or slot): which matrix, which input vector.
+        for (int o = 0; o < sd.n_out; ++o) {
+            int matrix = 0, vec = o;
+            bool nan_rows = false;
+            if (sc.n_experts > 0) {
+                const int t = o / n_used, j = o % n_used;
+                matrix      = ids[t * ids_stride + j];
+                vec         = t * x_per_token + (x_per_token == 1 ? 0 : j);
+                nan_rows    = matrix < 0 || matrix >= sc.n_experts;
+            }
+            for (int r = 0; r < sc.rows; ++r) {
+                float y;
+                std::memcpy(&y, &got[(size_t) o * sd.out_stride + r], 4);
+                ++checked;
+                if (nan_rows) {
+                    if (!std::isnan(y)) {
+                        if (bad++ < 5) {
+                            std::printf("     %s seg %zu slot %d row %d: %g, expected NaN (expert id out of range)\n",
+                                        tc.name.c_str(), si, o, r, y);
+                        }
+                    }
+                    continue;
+                }
+                gemv_ref::dequantize_row(sc.type, k,
+                                         sd.weights.data() + ((int64_t) matrix * sc.rows + r) * sd.row_bytes, w.data(),
+                                         a.data());
+                gemv_ref::output ref = gemv_ref::reference(sc.type, k, w.data(), a.data(), xs[vec],
+                                                            gemv_ref::quantized(sc.type) ? &rs[vec] : nullptr, delta);
+                if (sc.add) {
+                    const double res = sd.residual_host[(size_t) o * sd.out_stride + r];
+                    const double add = 2.0 * gemv_ref::kUnit * (std::fabs(ref.sharp) + std::fabs(res));
+                    ref.sharp += res;
+                    ref.exact += res;
+                    ref.tol_sharp += add;
+                    ref.tol_exact += add;
+                }
+                const double e_sharp = std::fabs(y - ref.sharp) / ref.tol_sharp;
+                const double e_exact = std::fabs(y - ref.exact) / ref.tol_exact;
+                const bool   ok      = std::isfinite(y) && e_sharp <= 1.0 && e_exact <= 1.0;
+                worst_sharp          = std::isfinite(y) ? std::max(worst_sharp, e_sharp) : INFINITY;
+                worst_exact          = std::isfinite(y) ? std::max(worst_exact, e_exact) : INFINITY;
+                if (!ok && bad++ < 5) {
+                    std::printf("     %s seg %zu (%s) out %d row %d: %.9g, want %.9g (+- %.3g), exact %.9g (+- %.3g)\n",
+                                tc.name.c_str(), si, gemv_ref::type_name(sc.type), o, r, y, ref.sharp, ref.tol_sharp,
+                                ref.exact, ref.tol_exact);
+                }
+            }
+            // The padding after the rows: untouched (NaN, or the residual when in place).
+            for (int r = sc.rows; r < sd.out_stride; ++r) {
+                const uint32_t want_bits = sc.in_place ? [&] {
+                    uint32_t b;
+                    std::memcpy(&b, &sd.residual_host[(size_t) o * sd.out_stride + r], 4);
+                    return b;
+                }()
+                                                        : kPoison;
+                if (got[(size_t) o * sd.out_stride + r] != want_bits && bad++ < 5) {
+                    std::printf("     %s seg %zu out %d: padding element %d was written\n", tc.name.c_str(), si, o, r);
+                }
+            }
+        }
+    }
+    const bool ok = bad == 0 && repack_ok;
+    std::printf("%-4s %-34s k=%5d tokens=%d outputs=%9" PRId64 "  err/bound: int8-rounded %.3f, exact %.3f\n",
+                ok ? "ok" : "FAIL", tc.name.c_str(), k, T, checked, worst_sharp, worst_exact);
+
+    for (segment_data & sd : data) {
+        for (void * p : sd.allocations) {
+            CHECK(cudaFree(p));
+        }
+        CHECK(cudaFree(sd.out));
+        if (sd.residual && sd.residual != sd.out) {
+            CHECK(cudaFree(sd.residual));
+        }
+    }
+    CHECK(cudaFree(d_x));
+    CHECK(cudaFree(d_norm));
+    if (d_ids) {
+        CHECK(cudaFree(d_ids));
+    }
+    return ok;
+}
+
+// Launches frt_gemv must refuse (and then not touch the output).
+bool run_refusals() {
+    std::vector<float> host(4096 * 8, 1.0f);
+    float *            d  = upload(host);
+    float *            out = upload(std::vector<float>(64, 0.0f));
+    auto               base = [&] {
+        frt_gemv_args a{};
+        a.x             = d;
+        a.x_stride      = 2048;
+        a.k             = 2048;
+        a.tokens        = 1;
+        a.x_per_token   = 1;
+        a.n_segments    = 1;
+        a.seg[0].type   = FRT_GEMV_Q4_K;
+        a.seg[0].w      = d;
+        a.seg[0].rows   = 8;
+        a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q4_K, 2048);
+        a.seg[0].out    = out;
+        a.seg[0].out_stride = 8;
+        return a;
+    };
+    struct refusal {
+        const char *                       what;
+        std::function<void(frt_gemv_args &)> change;
+    };
+    const refusal cases[] = {
+        { "k not a multiple of 256", [](frt_gemv_args & a) { a.k = 2048 + 32; } },
+        { "9 tokens", [](frt_gemv_args & a) { a.tokens = 9; } },
+        { "x not 16-byte aligned", [](frt_gemv_args & a) { a.x = a.x + 1; } },
+        { "two direct types", [](frt_gemv_args & a) {
+              a.n_segments        = 2;
+              a.seg[1]            = a.seg[0];
+              a.seg[1].type       = FRT_GEMV_Q6_K_R;
+              a.seg[1].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K_R, 2048);
+          } },
+        { "GGUF Q6_K rows not contiguous", [](frt_gemv_args & a) {
+              a.seg[0].type       = FRT_GEMV_Q6_K;
+              a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K, 2048) + 16;
+          } },
+        { "norm over 16 input vectors", [](frt_gemv_args & a) {
+              a.norm        = a.x;
+              a.tokens      = 2;
+              a.x_per_token = 8;
+          } },
+        { "float x of 8 tokens x 4096", [](frt_gemv_args & a) {
+              a.k                 = 4096;
+              a.x_stride          = 4096;
+              a.tokens            = 8;
+              a.seg[0].type       = FRT_GEMV_F32;
+              a.seg[0].row_stride = 4 * 4096;
+          } },
+    };
+    bool ok = true;
+    for (const refusal & r : cases) {
+        frt_gemv_args a = base();
+        r.change(a);
+        const char *      why = frt_gemv_unsupported(a);
+        const cudaError_t err = frt_gemv(a, 0);
+        const bool        refused = why != nullptr && err == cudaErrorInvalidValue;
+        ok = ok && refused;
+        std::printf("%-4s refuses %-31s %s\n", refused ? "ok" : "FAIL", r.what, why ? why : "(accepted)");
+    }
+    CHECK(cudaDeviceSynchronize());
+    const std::vector<float> after = download(out, 64);
+    for (float v : after) {
+        ok = ok && v == 0.0f;
+    }
+    CHECK(cudaFree(d));
+    CHECK(cudaFree(out));
+    return ok;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
+    const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : std::random_device{}();
+    std::printf("seed %" PRIu64 " (rerun with: test-gemv %" PRIu64 ")\n", seed, seed);
+    std::mt19937_64 rng(seed);
+
+    using S = seg_case;
+    const frt_gemv_type F32 = FRT_GEMV_F32, F16 = FRT_GEMV_F16, BF16 = FRT_GEMV_BF16, Q4 = FRT_GEMV_Q4_K,
+                        Q5 = FRT_GEMV_Q5_K, Q6 = FRT_GEMV_Q6_K, Q8 = FRT_GEMV_Q8_0;
+    std::vector<test_case> cases;
+    auto add = [&](test_case c) { cases.push_back(std::move(c)); };
+    // Decode shapes of qwen36 (bench/tools/gemv-bench.cu times the same).
+    add({ "attn_qkv", 2048, 1, { S{ Q4, 8192 } } });
+    add({ "attn_gate", 2048, 1, { S{ Q4, 4096 } } });
+    add({ "ssm_out + residual in place", 4096, 1, { S{ Q4, 2048, false, 0, true, true } } });
+    add({ "ffn_gate_inp (router)", 2048, 1, { S{ F32, 256 } } });
+    add({ "ffn_gate_inp_shexp", 2048, 1, { S{ F32, 1 } } });
+    add({ "attn_k", 2048, 1, { S{ Q4, 512 } } });
+    add({ "attn_v (repacked)", 2048, 1, { S{ Q6, 512, true } } });
+    add({ "ssm_alpha (repacked)", 2048, 1, { S{ Q8, 32, true } } });
+    add({ "ffn_down_shexp (repacked)", 512, 1, { S{ Q6, 2048, true } } });
+    add({ "output (LM head, normed)", 2048, 1, { S{ Q6, 248320, true } }, true });
+    {
+        test_case c{ "gate+up experts, repeats", 2048, 1, { S{ Q4, 512, false, 16 }, S{ Q4, 512, false, 16 } } };
+        c.n_used = 8, c.repeat_ids = true;
+        add(c);
+        c.name = "gate+up experts, 2 tokens", c.tokens = 2;
+        add(c);
+    }
+    {
+        test_case c{ "down experts (GGUF Q6_K)", 512, 1, { S{ Q6, 2048, false, 16 } } };
+        c.n_used = 8, c.x_per_slot = true, c.repeat_ids = true;
+        add(c);
+        c.name = "down experts, 3 tokens, residual", c.tokens = 3;
+        c.segs[0].add = true;
+        add(c);
+    }
+    {
+        test_case c{ "experts, one id out of range", 2048, 2, { S{ Q4, 64, false, 4 } } };
+        c.n_used = 4, c.bad_id = true;
+        add(c);
+    }
+    add({ "GDN in-proj pack (qkv z alpha beta)", 2048, 1,
+          { S{ Q4, 8192 }, S{ Q4, 4096 }, S{ Q8, 32 }, S{ Q8, 32 } }, true });
+    add({ "GDN in-proj pack, 2 tokens", 2048, 2, { S{ Q4, 8192 }, S{ Q4, 4096 }, S{ Q8, 32 }, S{ Q8, 32 } }, true });
+    add({ "attention q/k/v pack (v GGUF Q6_K)", 2048, 1, { S{ Q4, 8192 }, S{ Q4, 512 }, S{ Q6, 512 } }, true });
+    add({ "router 8 tokens", 2048, 8, { S{ F32, 256 } } });
+    // Odd shapes.
+    add({ "q5_K 1000 rows, 5 tokens, residual", 768, 5, { S{ Q5, 1000, false, 0, true } } });
+    add({ "q6_K GGUF 37 rows, 3 tokens", 768, 3, { S{ Q6, 37 } } });
+    add({ "q6_K GGUF k=256, 21 rows", 256, 2, { S{ Q6, 21 } } });
+    add({ "q8_0 GGUF 101 rows, 2 tokens", 512, 2, { S{ Q8, 101 } } });
+    add({ "q6_K_R 77 rows, 4 tokens, normed", 512, 4, { S{ Q6, 77, true } }, true });
+    add({ "q8_0_R 45 rows, 6 tokens", 1280, 6, { S{ Q8, 45, true } } });
+    add({ "f16 333 rows, 7 tokens, normed", 256, 7, { S{ F16, 333 } }, true });
+    add({ "bf16 129 rows, 2 tokens", 768, 2, { S{ BF16, 129 } } });
+    add({ "q4_K 5 rows, 8 tokens", 256, 8, { S{ Q4, 5 } } });
+    add({ "q5_K pack + q6_K/q8_0 GGUF, 3 tokens", 1024, 3, { S{ Q5, 300 }, S{ Q6, 70 }, S{ Q8, 9 }, S{ Q5, 3 } } });
+    {
+        test_case c{ "shared + routed gate/up, 1 pack", 2048, 1,
+                     { S{ Q4, 512 }, S{ Q4, 512 }, S{ Q4, 512, false, 12 }, S{ Q4, 512, false, 12 } } };
+        c.n_used = 8;
+        add(c);
+    }
+
+    int failed = 0, total = 0;
+    for (const test_case & c : cases) {
+        failed += run_case(c, rng) ? 0 : 1;
+        ++total;
+    }
+    failed += run_refusals() ? 0 : 1;
+    ++total;
+    std::printf("%d passed, %d failed\n", total - failed, failed);
+    return failed ? 1 : 0;
+}
