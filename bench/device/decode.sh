@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The decode GEMV work on one H200, in three calls that follow each other within the device's warm
+# period (the build directory stays between them):
+#   check    build (flashrt: test-backend-ops, llama-bench, llama-completion) while the vendor kernel
+#            tests and gemv-bench run; then the FlashRT test-backend-ops cases REPEAT times in a row
+#            (default 10), every window forced on
+#   profile  the synthetic qwen36 GGUF; gemv-stock (stock ggml-cuda per matvec shape, joined with
+#            gemv-bench's table); cargo xtask profile, stock vs the overlay with the GEMV windows on
+#   bench    cargo xtask bench --rounds 3 (tg128, pp512, tg128@d8192), the GEMV windows on; parity
+#            on the 4-layer model
+# Usage (device, repository root): bench/device/decode.sh check|profile|bench
+# Needs .xtask/device/ carried (see bench/README.md). Each phase prints a short table last and
+# leaves its files in $OUT.
+set -euo pipefail
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+phase=${1:?usage: decode.sh check|profile|bench}
+. bench/device/lib.sh
+device_setup "decode-$phase"
+# The GEMV windows are tier full until this measurement puts them in safe: force them on.
+gemv_windows=(INPROJ ATTNQKV HEAD MATVEC)
+force_gemv() { for w in "${gemv_windows[@]}"; do export "FRT_${w}_SWAP=1"; done; }
+keep=/tmp/decode-keep   # survives between the phases' calls on a warm machine
+mkdir -p "$keep"
+model=/tmp/models/qwen36.gguf
+bin=.xtask/build/llama.cpp-flashrt-sm90a/bin
+
+case $phase in
+check)
+    start=$(date +%s)
+    "$xtask" build --arch 90a --targets test-backend-ops,llama-bench,llama-completion > "$out/build.log" 2>&1 &
+    build=$!
+    # Vendor tests and gemv-bench meanwhile (nvcc, their own binaries).
+    for test in vendor/csrc/tests/test-*.cu; do
+        name=$(basename "$test" .cu)
+        if nvcc -std=c++17 -O2 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu "$test" -o "/tmp/$name" \
+            > "$out/$name.build.log" 2>&1; then
+            if "/tmp/$name" > "$out/$name.txt" 2>&1; then r=ok; else r=FAILED; fi
+            say "vendor $name: $r: $(tail -1 "$out/$name.txt")"
+        else
+            say "vendor $name: BUILD FAILED"; tail -20 "$out/$name.build.log"
+        fi
+    done
+    if [ -f bench/tools/gemv-bench.cu ]; then
+        nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools vendor/csrc/*.cu bench/tools/gemv-bench.cu \
+            -o /tmp/gemv-bench > "$out/gemv-bench.build.log" 2>&1 \
+            && /tmp/gemv-bench "$keep/gemv-ours.jsonl" > "$out/gemv-bench.md" 2>&1 \
+            && cp "$keep/gemv-ours.jsonl" "$out/" && say "gemv-bench: done ($(grep -c . "$keep/gemv-ours.jsonl") rows)" \
+            || { say "gemv-bench FAILED"; tail -20 "$out/gemv-bench.build.log" "$out/gemv-bench.md" 2>/dev/null; }
+    fi
+    wait $build || { tail -40 "$out/build.log"; exit 1; }
+    say "flashrt build: $(( $(date +%s) - start )) s"
+    # The FlashRT cases, REPEAT times: a case that fails by the draw of its inputs shows up here.
+    force_gemv
+    export FRT_SHEXP_GATE_SWAP=1 GGML_CUDA_FLASHRT_NO_CACHE=1
+    passes=0
+    for round in $(seq 1 "${REPEAT:-10}"); do
+        if FRT_STATS=1 "$bin/test-backend-ops" test -b CUDA0 -o 'FLASHRT_.*' > "$out/tbo-$round.txt" 2>&1; then
+            passes=$((passes + 1))
+        else
+            grep -E "FAIL|ERR" "$out/tbo-$round.txt" | head -10
+        fi
+        say "test-backend-ops FLASHRT round $round: $(grep -m1 'tests passed' "$out/tbo-$round.txt" | xargs)"
+    done
+    grep -E "FlashRT stats:   " "$out/tbo-1.txt" | awk '{print "hits", $3, $5}' | tee -a "$out/summary.txt"
+    say "FLASHRT cases: $passes of ${REPEAT:-10} rounds passed"
+    ;;
+profile)
+    mkdir -p /tmp/models
+    [ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1
+    if [ -f "$keep/gemv-ours.jsonl" ]; then
+        GEMV_OURS=$keep/gemv-ours.jsonl OUT=$out/gemv-stock bash bench/device/gemv-stock.sh flashrt \
+            > "$out/gemv-stock.log" 2>&1 || say "gemv-stock FAILED (gemv-stock.log)"
+        cp "$out/gemv-stock/gemv-table.md" "$out/" 2>/dev/null && tail -25 "$out/gemv-table.md"
+    fi
+    force_gemv
+    traces=/tmp/profile-traces
+    rm -rf "$traces"
+    "$xtask" profile --model "$model" --arch 90a --save-traces "$traces" 2>&1 | tee "$out/profile.log" \
+        | grep -v '^\[' | tail -60 || say "profile FAILED"
+    [ -f "$traces/inputs.json" ] && tar -czf "$out/traces.tgz" -C "$traces" .
+    results=$(sed -n 's/^results: //p' "$out/profile.log" | tail -1)
+    [ -n "$results" ] && [ -d "$results" ] && tar -czf "$out/profile.tgz" -C "$(dirname "$results")" "$(basename "$results")"
+    ;;
+bench)
+    force_gemv
+    "$xtask" bench --model "$model" --arch 90a --rounds 3 2>&1 | tee "$out/bench.log" | grep -v '^\[' | tail -30
+    cp bench/results/*.json "$out/" 2>/dev/null || true
+    small=/tmp/models/qwen36-l4-e8.gguf
+    [ -f "$small" ] || "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" > "$out/synth-small.log" 2>&1
+    "$xtask" parity --model "$small" --arch 90a 2>&1 | tee "$out/parity-small.log" | grep -v '^\[' | tail -12 \
+        || say "parity (4-layer) FAILED"
+    ;;
+*)
+    echo "usage: decode.sh check|profile|bench"; exit 2 ;;
+esac
+echo
+cat "$out/summary.txt"
+archive_out "decode-$phase"
