@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 
 // The design is in gemv.cuh. Terms used here:
 //   direct     the path that loads weights straight into registers (every type but GGUF Q6_K/Q8_0)
@@ -59,6 +60,7 @@ struct gemv_seg_plan {
     const int32_t * ids;
     int64_t         row_stride, out_stride, residual_stride, ids_stride, expert_stride;
     int             type, rows, epilogue, n_used, n_experts;
+    int             staged;            // read through shared memory (else: the launch's direct type)
     int             row_bytes;         // bytes of a row that are read (L2 prefetch, staging)
     int             n_inst;            // matrices: 1, or expert slots (tokens x n_used)
     int             units_per_row;     // items (direct) or blocks (staged)
@@ -550,11 +552,12 @@ static __device__ __forceinline__ void gemv_rows_of_blocks(const gemv_batch & c,
     carry_row = last_end ? -1 : last_row;
 }
 
-// GGUF Q6_K from shared memory: groups of 8 blocks (1680 bytes, 16-byte aligned); lane group k
-// (8 lanes) takes blocks 2k then 2k + 1, so the 4 blocks of a step start at 4-byte words 0, 105,
-// 210, 315 of the group (+52 for odd blocks): distinct banks modulo 4.
-template <int T>
-static __device__ void gemv_staged_q6_k(const gemv_batch & c, const uint8_t * buf, int nr, int lane) {
+// Q6_K from shared memory, in groups of 8 blocks; lane group k (8 lanes) takes blocks 2k then
+// 2k + 1. GGUF layout: a group is 1680 bytes (16-byte aligned), so the 4 blocks of a step start at
+// 4-byte words 0, 105, 210, 315 of it (+52 for odd blocks): distinct banks modulo 4. REPACKED: the
+// Q6_K_R rows of a pack whose direct type is another (every read 16-byte aligned).
+template <int T, bool REPACKED>
+static __device__ void gemv_staged_q6_k(const gemv_batch & c, const uint8_t * buf, int nr, int row_bytes, int lane) {
     const int  nb = c.k / 256, nblocks = nr * nb;
     const int  grp = lane >> 3, q = lane & 7, h = q >> 2, j = q & 3;
     const bool swap      = lane & 4;
@@ -573,7 +576,16 @@ static __device__ void gemv_staged_q6_k(const gemv_batch & c, const uint8_t * bu
                 part[s][t] = 0.0f;
             }
             const int f = f0 + 2 * grp + s;
-            if (f < nblocks) {
+            if (f < nblocks && REPACKED) {
+                const int       r   = f / nb, b = f - r * nb;
+                const uint8_t * row = buf + r * row_bytes;
+                const uint8_t * blk = row + 208 * b;
+                const uint4     ql  = *(const uint4 *) (blk + 16 * q);
+                const uint4     qh  = *(const uint4 *) (blk + 128 + 16 * (2 * h + (j & 1)));
+                const uint32_t  sc  = *(const unsigned short *) (blk + 192 + 2 * q);
+                const float     d   = gemv_half(*(const unsigned short *) (row + 208 * nb + 2 * b));
+                gemv_q6_dot<T>(ql, qh, (int8_t) (sc & 0xff), (int8_t) (sc >> 8), d, b, q, swap, c.x, c.nt, part[s]);
+            } else if (f < nblocks) {
                 const uint8_t * blk = buf + 210 * f;  // 4-byte aligned for even f, 2 past that for odd f
                 const uint4     ql  = s ? gemv_lds16_2<true>(blk + 16 * q) : gemv_lds16_2<false>(blk + 16 * q);
                 const uint8_t * qhp = blk + 128 + 16 * (2 * h + (j & 1));
@@ -601,10 +613,11 @@ static __device__ void gemv_staged_q6_k(const gemv_batch & c, const uint8_t * bu
     }
 }
 
-// GGUF Q8_0 from shared memory: one block (34 bytes) a lane, 32 blocks a group; a block starts 0
-// or 2 bytes past a 4-byte word: 9 aligned words, funnel-shifted.
-template <int T>
-static __device__ void gemv_staged_q8_0(const gemv_batch & c, const uint8_t * buf, int nr, int lane) {
+// Q8_0 from shared memory: one block a lane, 32 blocks a group. GGUF layout: a block (34 bytes)
+// starts 0 or 2 bytes past a 4-byte word: 9 aligned words, funnel-shifted. REPACKED: Q8_0_R rows
+// of a pack whose direct type is another.
+template <int T, bool REPACKED>
+static __device__ void gemv_staged_q8_0(const gemv_batch & c, const uint8_t * buf, int nr, int row_bytes, int lane) {
     const int  nb = c.k / 32, nblocks = nr * nb;
     const bool swap      = lane & 4;
     int        carry_row = -1;
@@ -620,7 +633,12 @@ static __device__ void gemv_staged_q8_0(const gemv_batch & c, const uint8_t * bu
         for (int t = 0; t < T; ++t) {
             v[t] = 0.0f;
         }
-        if (f < nblocks) {
+        if (f < nblocks && REPACKED) {
+            const int       r   = f / nb, b = f - r * nb;
+            const uint8_t * row = buf + r * row_bytes;
+            gemv_q8_dot<T>(*(const uint4 *) (row + 32 * b), *(const uint4 *) (row + 32 * b + 16),
+                           gemv_half(*(const unsigned short *) (row + 32 * nb + 2 * b)), b, swap, c.x, c.nt, v);
+        } else if (f < nblocks) {
             const int        phase = (34 * f) & 2;  // bytes past a word (buf is 16-byte aligned)
             const uint32_t * wd    = (const uint32_t *) (buf + 34 * f - phase);
             uint32_t         wv[9];
@@ -639,8 +657,9 @@ static __device__ void gemv_staged_q8_0(const gemv_batch & c, const uint8_t * bu
     }
 }
 
-// A batch of whole rows of a staged type: copied to this warp's buffer (the batch starts 16-byte
-// aligned: rows_per_batch is chosen so), then decoded.
+// A batch of whole rows of a staged segment (GGUF Q6_K/Q8_0, or Q6_K_R/Q8_0_R that are not the
+// launch's direct type): copied to this warp's buffer (the batch starts 16-byte aligned:
+// rows_per_batch is chosen so), then decoded.
 template <int TYPE, int T>
 static __device__ __forceinline__ void gemv_staged_batch(const gemv_batch & c, uint8_t * buf, int row_bytes, int lane) {
     const int       nr     = min(c.nrows, c.rows - c.row0);
@@ -651,10 +670,10 @@ static __device__ __forceinline__ void gemv_staged_batch(const gemv_batch & c, u
     }
     gemv_cp_async_wait_all();
     __syncwarp();
-    if (TYPE == FRT_GEMV_Q6_K) {
-        gemv_staged_q6_k<T>(c, buf, nr, lane);
+    if (TYPE == FRT_GEMV_Q6_K || TYPE == FRT_GEMV_Q6_K_R) {
+        gemv_staged_q6_k<T, TYPE == FRT_GEMV_Q6_K_R>(c, buf, nr, row_bytes, lane);
     } else {
-        gemv_staged_q8_0<T>(c, buf, nr, lane);
+        gemv_staged_q8_0<T, TYPE == FRT_GEMV_Q8_0_R>(c, buf, nr, row_bytes, lane);
     }
     __syncwarp();  // every lane is done with buf before the next batch overwrites it
 }
@@ -766,7 +785,8 @@ static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
 }
 
 // One direct-path type an instance (DIRECT, or -1 for none): all direct types in one kernel make
-// ptxas spill in the hot loops; one direct type plus the staged path does not.
+// ptxas spill in the hot loops; one direct type plus the staged path does not. The other segments
+// of a launch are staged (GGUF Q6_K/Q8_0, and Q6_K_R/Q8_0_R when DIRECT is another type).
 template <int DIRECT, int T>
 __launch_bounds__(kThreads, 2) static __global__ void frt_gemv_kernel(const __grid_constant__ gemv_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -833,10 +853,13 @@ __launch_bounds__(kThreads, 2) static __global__ void frt_gemv_kernel(const __gr
         c.x.m = (const uint2 *) (smem + p.smem_xm) + vec * (p.k / 32);
         c.x.f = (const float *) (smem + p.smem_xf) + vec * p.k;
         uint8_t * stage = smem + p.smem_stage + warp * p.stage_bytes;
-        if (s.type == FRT_GEMV_Q6_K) {
-            gemv_staged_batch<FRT_GEMV_Q6_K, T>(c, stage, s.row_bytes, lane);
-        } else if (s.type == FRT_GEMV_Q8_0) {
-            gemv_staged_batch<FRT_GEMV_Q8_0, T>(c, stage, s.row_bytes, lane);
+        if (s.staged) {
+            switch (s.type) {
+                case FRT_GEMV_Q6_K:   gemv_staged_batch<FRT_GEMV_Q6_K, T>(c, stage, s.row_bytes, lane); break;
+                case FRT_GEMV_Q8_0:   gemv_staged_batch<FRT_GEMV_Q8_0, T>(c, stage, s.row_bytes, lane); break;
+                case FRT_GEMV_Q6_K_R: gemv_staged_batch<FRT_GEMV_Q6_K_R, T>(c, stage, s.row_bytes, lane); break;
+                default:              gemv_staged_batch<FRT_GEMV_Q8_0_R, T>(c, stage, s.row_bytes, lane); break;
+            }
         } else if constexpr (DIRECT >= 0) {
             gemv_direct_batch<DIRECT, T>(c, lane);
         }
@@ -845,35 +868,57 @@ __launch_bounds__(kThreads, 2) static __global__ void frt_gemv_kernel(const __gr
 
 // ---- launching (host) ----
 
+static constexpr int kMaxSmem    = 99 * 1024;  // dynamic shared memory a launch may use: sm_120's most
+static constexpr int kStaticSmem = 256;        // gemv_prologue's partial sums
+static constexpr int kMaxDevices = 16;
+
 // The plan of a launch (gemv.cu): nullptr, or why frt_gemv does not take it. smem: its bytes of
 // shared memory. warps_available: resident warps of the device.
 const char * gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params & p, int & smem);
 
+// What a launch needs to know of a device, asked once per device (gemv.cu).
+struct gemv_device {
+    int sms, smem_per_sm, smem_reserved;
+};
+cudaError_t gemv_device_info(int device, gemv_device & info);
+
+// Once per (instance, device): allow the most shared memory a launch may ask for (the launch's own
+// size decides the occupancy). Devices beyond kMaxDevices ask every time.
+template <int DIRECT, int T> static cudaError_t gemv_allow_smem(int device) {
+    static std::once_flag once[kMaxDevices];
+    static cudaError_t    result[kMaxDevices];
+    const auto set = [] {
+        return cudaFuncSetAttribute(frt_gemv_kernel<DIRECT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
+    };
+    if (device < 0 || device >= kMaxDevices) {
+        return set();
+    }
+    std::call_once(once[device], [&] { result[device] = set(); });
+    return result[device];
+}
+
 template <int DIRECT, int T> static cudaError_t gemv_launch(const frt_gemv_args & a, cudaStream_t stream) {
-    int         device = 0, sms = 0;
-    cudaError_t err    = cudaGetDevice(&device);
+    int         device = 0;
+    gemv_device dev;
+    cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) {
-        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        err = gemv_device_info(device, dev);
+    }
+    if (err == cudaSuccess) {
+        err = gemv_allow_smem<DIRECT, T>(device);
     }
     if (err != cudaSuccess) {
         return err;
     }
     gemv_params p;
     int         smem = 0;
-    if (gemv_plan(a, sms * 2 * kWarps, p, smem) != nullptr) {
+    if (gemv_plan(a, dev.sms * 2 * kWarps, p, smem) != nullptr) {
         return cudaErrorInvalidValue;
     }
-    err               = cudaFuncSetAttribute(frt_gemv_kernel<DIRECT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    int blocks_per_sm = 0;
-    if (err == cudaSuccess) {
-        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, frt_gemv_kernel<DIRECT, T>, kThreads, smem);
-    }
-    if (err != cudaSuccess) {
-        return err;
-    }
+    // Blocks an SM holds: 2 by registers (__launch_bounds__), fewer when shared memory is short.
+    const int per_sm = std::max(1, std::min(2, dev.smem_per_sm / (smem + kStaticSmem + dev.smem_reserved)));
     const int teams_per_block = kWarps / p.split;
-    const int blocks =
-        std::min((p.total_batches + teams_per_block - 1) / teams_per_block, sms * std::max(1, blocks_per_sm));
+    const int blocks = std::min((p.total_batches + teams_per_block - 1) / teams_per_block, dev.sms * per_sm);
     return frt_launch(frt_gemv_kernel<DIRECT, T>, dim3(blocks), dim3(kThreads), (size_t) smem, stream, p);
 }
 

@@ -5,12 +5,37 @@
 
 // The host side of frt_gemv: checks and plans a launch; the kernels are in gemv-impl.cuh.
 
-static constexpr int kMaxSmem    = 99 * 1024;  // the most sm_120 (RTX 50xx) gives a block
 static constexpr int kStageWant  = 4096;       // bytes a warp stages at once (staged path)
 static constexpr int kStageSlack = 16;  // Q8_0 blocks are read as 9 aligned words: up to 2 bytes past a batch
 
-static bool gemv_staged(int type) {
-    return type == FRT_GEMV_Q6_K || type == FRT_GEMV_Q8_0;
+static bool gemv_repacked(int type) {
+    return type == FRT_GEMV_Q6_K_R || type == FRT_GEMV_Q8_0_R;
+}
+
+// The direct-path type of a launch: the one type besides GGUF Q6_K/Q8_0 and, when there is none,
+// the repacked type with the most bytes (Q6_K_R/Q8_0_R also go through shared memory in a pack
+// of another type); -1: none; -2: two direct types (not supported).
+static int gemv_direct_type(const frt_gemv_args & a) {
+    int     direct = -1;
+    int64_t bytes[FRT_GEMV_TYPE_COUNT] = {};
+    for (int i = 0; i < a.n_segments; ++i) {
+        const int t = a.seg[i].type;
+        if (t == FRT_GEMV_Q6_K || t == FRT_GEMV_Q8_0) {
+            continue;
+        }
+        if (!gemv_repacked(t)) {
+            if (direct >= 0 && direct != t) {
+                return -2;
+            }
+            direct = t;
+        }
+        bytes[t] += (int64_t) a.seg[i].rows * frt_gemv_row_bytes((frt_gemv_type) t, a.k) *
+                    (a.seg[i].ids ? a.tokens * a.seg[i].n_used : 1);
+    }
+    if (direct < 0 && (bytes[FRT_GEMV_Q6_K_R] > 0 || bytes[FRT_GEMV_Q8_0_R] > 0)) {
+        direct = bytes[FRT_GEMV_Q6_K_R] >= bytes[FRT_GEMV_Q8_0_R] ? FRT_GEMV_Q6_K_R : FRT_GEMV_Q8_0_R;
+    }
+    return direct;
 }
 
 static bool gemv_quantized(int type) {
@@ -109,12 +134,18 @@ static const char * gemv_check(const frt_gemv_args & a, int & stage_bytes, int &
     p.need_q8 = p.need_f32 = 0;
     p.n_ids     = 0;
     stage_bytes = 0;
-    direct      = -1;
     for (int i = 0; i < a.n_segments; ++i) {
-        const frt_gemv_segment & s = a.seg[i];
-        if (s.type < 0 || s.type >= FRT_GEMV_TYPE_COUNT) {
+        if (a.seg[i].type < 0 || a.seg[i].type >= FRT_GEMV_TYPE_COUNT) {
             return "frt_gemv: unknown weight type";
         }
+    }
+    direct = gemv_direct_type(a);
+    if (direct == -2) {
+        return "frt_gemv: one launch takes one of F32/F16/BF16/Q4_K/Q5_K (Q6_K and Q8_0, GGUF or repacked, may join "
+               "any): split the pack by type";
+    }
+    for (int i = 0; i < a.n_segments; ++i) {
+        const frt_gemv_segment & s = a.seg[i];
         if (s.w == nullptr || !gemv_aligned16(s.w) || s.out == nullptr || s.rows < 1) {
             return "frt_gemv: a segment needs 16-byte aligned weights, an output and rows >= 1";
         }
@@ -122,9 +153,10 @@ static const char * gemv_check(const frt_gemv_args & a, int & stage_bytes, int &
             return "frt_gemv: unknown epilogue, or FRT_GEMV_ADD without a residual";
         }
         const int64_t row_bytes = frt_gemv_row_bytes(s.type, a.k);
-        if (gemv_staged(s.type) ? s.row_stride != row_bytes : s.row_stride < row_bytes || s.row_stride % 16 != 0) {
-            return "frt_gemv: row stride: GGUF Q6_K/Q8_0 rows must be contiguous, the others a multiple of 16 bytes "
-                   "no smaller than the row";
+        const bool    staged    = s.type != direct;
+        if (staged ? s.row_stride != row_bytes : s.row_stride < row_bytes || s.row_stride % 16 != 0) {
+            return "frt_gemv: row stride: GGUF Q6_K/Q8_0 rows (and repacked ones in a pack of another type) must be "
+                   "contiguous, the others a multiple of 16 bytes no smaller than the row";
         }
         if (s.ids != nullptr) {
             if (s.n_used < 1 || a.tokens * s.n_used > FRT_GEMV_MAX_SLOTS || s.n_experts < 1 ||
@@ -136,19 +168,12 @@ static const char * gemv_check(const frt_gemv_args & a, int & stage_bytes, int &
         } else if (a.x_per_token != 1) {
             return "frt_gemv: a dense segment reads one input a token (x_per_token == 1)";
         }
-        if (!gemv_staged(s.type)) {
-            if (direct >= 0 && direct != s.type) {
-                return "frt_gemv: one launch takes one type besides GGUF Q6_K/Q8_0 (which may join any): split the "
-                       "pack by type";
-            }
-            direct = s.type;
-        }
         if (gemv_quantized(s.type)) {
             p.need_q8 = 1;
         } else {
             p.need_f32 = 1;
         }
-        if (gemv_staged(s.type)) {
+        if (staged) {
             stage_bytes = std::max<int>(stage_bytes, (int) (gemv_staged_rows(row_bytes) * row_bytes));
         }
     }
@@ -192,7 +217,7 @@ const char * gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params
     const int tokens_max = gemv_tokens_max(a.tokens);
     bool      staged     = false;
     for (int i = 0; i < a.n_segments; ++i) {
-        staged = staged || gemv_staged(a.seg[i].type);
+        staged = staged || a.seg[i].type != direct;
     }
     auto lanes_a_row = [&](const frt_gemv_segment & s, bool wide, int split) {
         if (wide) {
@@ -213,7 +238,7 @@ const char * gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params
         for (int i = 0; i < a.n_segments; ++i) {
             const frt_gemv_segment & s      = a.seg[i];
             const int                n_inst = s.ids ? a.tokens * s.n_used : 1;
-            if (gemv_staged(s.type)) {
+            if (s.type != direct) {
                 warps += (int64_t) n_inst * ((s.rows + gemv_staged_rows(frt_gemv_row_bytes(s.type, a.k)) - 1) /
                                              gemv_staged_rows(frt_gemv_row_bytes(s.type, a.k)));
                 continue;
@@ -269,7 +294,8 @@ const char * gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params
         q.units_per_row   = gemv_units_per_row(s.type, a.k);
         q.ids_smem        = ids_at;
         ids_at += s.ids ? q.n_inst : 0;
-        if (gemv_staged(s.type)) {
+        q.staged          = s.type != direct;
+        if (q.staged) {
             q.lpr = q.ipl = 1;
             q.rows_per_batch      = gemv_staged_rows(q.row_bytes);
         } else {
@@ -289,14 +315,33 @@ const char * gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params
     return nullptr;
 }
 
+cudaError_t gemv_device_info(int device, gemv_device & info) {
+    const auto ask = [](int d, gemv_device & out) {
+        cudaError_t err = cudaDeviceGetAttribute(&out.sms, cudaDevAttrMultiProcessorCount, d);
+        if (err == cudaSuccess) {
+            err = cudaDeviceGetAttribute(&out.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, d);
+        }
+        if (err == cudaSuccess) {
+            err = cudaDeviceGetAttribute(&out.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, d);
+        }
+        return err;
+    };
+    if (device < 0 || device >= kMaxDevices) {
+        return ask(device, info);
+    }
+    static std::once_flag once[kMaxDevices];
+    static gemv_device    known[kMaxDevices];
+    static cudaError_t    result[kMaxDevices];
+    std::call_once(once[device], [&] { result[device] = ask(device, known[device]); });
+    info = known[device];
+    return result[device];
+}
+
 cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream) {
     if (frt_gemv_unsupported(args) != nullptr) {
         return cudaErrorInvalidValue;
     }
-    int direct = -1;
-    for (int i = 0; i < args.n_segments; ++i) {
-        direct = gemv_staged(args.seg[i].type) ? direct : args.seg[i].type;
-    }
+    const int direct = gemv_direct_type(args);
     switch (gemv_tokens_max(args.tokens)) {
         case 1:  return gemv_launch_tokens1(args, direct, stream);
         case 2:  return gemv_launch_tokens2(args, direct, stream);

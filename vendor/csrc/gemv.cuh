@@ -8,42 +8,45 @@
 //
 // - The activation is quantized inside the kernel. At 4.38 TB/s a Q4_K matvec consumes 7.8e12
 //   weights/s; dequantizing each weight to float and multiplying costs ~3 float/int instructions a
-//   weight (unpack, convert, FMA), which is ~2/3 of the fp32 issue rate and leaves nothing for the
+//   weight (unpack, convert, FMA), ~2/3 of the H200's fp32 issue rate, with nothing left for the
 //   rest. Integer dot products (dp4a) take 4 weights an instruction, so every block of the grid
-//   quantizes x (RMS-normed first when asked) to int8 with one float scale per 32 values and
-//   int sums per 16 (for the Q4_K/Q5_K mins and the Q6_K offset) into shared memory, like q8_1 but
-//   with no separate launch. F32/F16/BF16 weights (routers, gates) are multiplied in float with x
-//   kept in float in shared memory.
-// - Bytes in flight: each warp owns a "batch" of rows and issues all of its 16-byte loads for U
-//   items (U = 4..16 by type, ~60 registers) before it computes; 16 warps per SM keep ~55-75 KB in
-//   flight per SM (Little: 33 GB/s per SM x ~0.8 us = ~27 KB needed). Warps loop over batches
-//   (grid = SMs x resident blocks), so x is quantized once per block, not per row.
-// - Narrow matrices (router 2048 -> 256, alpha/beta 32 rows): when there are fewer row groups
-//   than warps, S warps of a block ("a team", S = 2..8) split K of the same rows and add their
-//   partial sums in shared memory in a fixed order; the grid still covers the SMs.
-// - Before waiting for the previous kernel (programmatic dependent launch, pdl.cuh), each warp
-//   prefetches its first batch of dense weights into L2; ids and x are read after the wait.
-// - Layouts. A 16-byte item is what one lane multiplies at a time: 32 weights (quantized) or
-//   4/8 weights (F32/F16/BF16). Lane l of a warp takes item l of a row (32 lanes = 512
-//   contiguous bytes of quants: coalesced), and its block header with an 8-lane broadcast load.
-//     Q4_K (144 B/256) and Q5_K (176 B/256) blocks are 16-byte aligned: read in place.
-//     Q6_K (210 B) and Q8_0 (34 B) blocks are only 2-byte aligned. Dense matrices use a repacked
-//     layout (FRT_GEMV_Q6_K_R / Q8_0_R, frt_gemv_repack; same bytes in another order, rows padded
-//     to 16 bytes):
-//       Q6_K_R row: per block [ql 128 B][qh 64 B][scales 16 B, reordered so that the two a lane
-//                   needs are adjacent: (s0,s4)(s1,s5)(s2,s6)(s3,s7)(s8,s12)...(s11,s15)],
-//                   then the row's block scales d (2 B each), padded to 16 B.
-//       Q8_0_R row: the row's quants (32 B a block), then its scales d (2 B each) (k % 256 == 0
-//                   makes that a multiple of 16: no padding, the same size as GGUF).
-//     Expert matrices stay in place (no copy of 20 GB): Q6_K and Q8_0 in GGUF layout are staged
-//     through shared memory instead (cp.async of whole rows, 16-byte aligned runs), each warp
-//     its own buffer, then decoded from shared memory with 4-byte reads and funnel shifts; a
-//     segmented warp scan adds the blocks of each row, so any k works.
+//   quantizes x (RMS-normed first when asked) to int8 with one float scale per 32 values and int
+//   sums per 16 (for the Q4_K/Q5_K mins and the Q6_K offset) into shared memory, like q8_1 but
+//   with no separate launch. F32/F16/BF16 weights (routers, gates) are multiplied in float, x kept
+//   in float in shared memory.
+// - Bytes in flight ("direct" path): a 16-byte item is what one lane multiplies at a time, 32
+//   weights (quantized) or 4/8 (F32/F16/BF16). The lanes of a warp take consecutive items of a row
+//   (coalesced 16-byte loads), 8, 16 or 32 lanes a row so that each lane's items of the row fill
+//   U loads (U = 3..12 by type and tokens, what 128 registers hold without spilling); block
+//   headers come with an 8-lane broadcast load. Warps loop over row groups (grid = SMs x 2 blocks
+//   of 8 warps, x quantized once per block): ~55-75 KB in flight per SM (Little: 33 GB/s per SM x
+//   ~0.8 us = ~27 KB needed).
+// - Narrow matrices (router 2048 -> 256, alpha/beta 32 rows): when a launch has too few row groups
+//   for the warps, S = 2..8 warps of a block (a "team") split each row and add their partial sums
+//   in shared memory in a fixed order, so the grid still covers the SMs.
+// - Before waiting for the previous kernel (programmatic dependent launch, pdl.cuh) each warp
+//   prefetches its first row group of dense weights into L2; ids and x are read after the wait.
+// - Layouts. Q4_K (144 B/256) and Q5_K (176 B/256) blocks are 16-byte aligned: read in place.
+//   Q6_K (210 B) and Q8_0 (34 B) blocks are only 2-byte aligned. Dense matrices use a repacked
+//   layout (FRT_GEMV_Q6_K_R / Q8_0_R, written by frt_gemv_repack; the same bytes in another order,
+//   rows padded to 16 bytes):
+//     Q6_K_R row: per block [ql 128 B][qh 64 B][scales 16 B, reordered so that the two a lane
+//                 needs are adjacent: (s0,s4)(s1,s5)(s2,s6)(s3,s7)(s8,s12)...(s11,s15)],
+//                 then the row's block scales d (2 B each), padded to 16 B.
+//     Q8_0_R row: the row's quants (32 B a block), then its scales d (2 B each) (k % 256 == 0
+//                 makes that a multiple of 16: no padding, the same size as GGUF).
+// - "Staged" path: expert matrices stay in place (no copy of 20 GB), so GGUF Q6_K and Q8_0 rows
+//   are copied whole by each warp into its shared-memory buffer (cp.async of 16-byte aligned
+//   runs), decoded there with 4-byte reads and funnel shifts, and a segmented warp scan adds the
+//   blocks of each row (any k). Q6_K_R/Q8_0_R segments in a pack of another type take it too.
+// - One kernel instance multiplies one "direct" type (F32, F16, BF16, Q4_K, Q5_K, Q6_K_R or Q8_0_R:
+//   two in one kernel make ptxas spill in the hot loops); the other segments of a launch must be
+//   Q6_K/Q8_0 (GGUF or repacked), which are staged. That covers the packs of Q4_K_M/Q5_K_M models.
 // - Epilogue at the store of each output: plain store or residual add; later SwiGLU of a gate and
 //   an up segment and sigmoid gates go there (frt_gemv_epilogue).
 //
-// Numerics: the result is sum_i w_i * xq_i (exact integer dot products, float scales), where xq is
-// x rounded to int8 per 32 values: |xq_i - x_i| <= d/2, d = max|x| / 127 of its 32-block.
+// Numerics: the result is sum_i w_i * xq_i (exact integer dot products of 16 values, then float),
+// where xq is x rounded to int8 per 32 values: |xq_i - x_i| <= d/2, d = max|x| / 127 of its block.
 
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -104,11 +107,12 @@ struct frt_gemv_args {
 };
 
 // nullptr when frt_gemv supports `args`; otherwise why not (the caller then runs its fallback).
-// Needs: k a positive multiple of 256; 1 <= tokens <= 8; 1 <= n_segments <= 8; x, norm, weights
-// and expert strides 16-byte aligned, x_stride a multiple of 4, row strides of multiples of 16
-// bytes (GGUF Q6_K/Q8_0: exactly the row size); dense segments only when x_per_token == 1; at most
-// 64 expert slots a segment; x (normed, quantized and, for float weights, in float) fitting in
-// shared memory (8 tokens x k = 4096 with float weights does not). out must not overlap x or w.
+// Needs: k a positive multiple of 256; 1 <= tokens <= 8; 1 <= n_segments <= 8; at most one of
+// F32/F16/BF16/Q4_K/Q5_K among the segments; x, norm, weights and expert strides 16-byte aligned,
+// x_stride a multiple of 4, row strides multiples of 16 bytes (staged segments: exactly the row
+// size); dense segments only when x_per_token == 1; at most 64 expert slots a segment; x (normed,
+// quantized and, for float weights, in float) fitting in 99 KB of shared memory (8 tokens x
+// k = 4096 with float weights does not). out must not overlap x or w.
 const char * frt_gemv_unsupported(const frt_gemv_args & args);
 
 // Launches on `stream` (capture-safe, programmatic dependent launch like ggml-cuda). Returns

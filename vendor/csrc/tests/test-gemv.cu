@@ -355,11 +355,11 @@ bool run_refusals() {
         { "k not a multiple of 256", [](frt_gemv_args & a) { a.k = 2048 + 32; } },
         { "9 tokens", [](frt_gemv_args & a) { a.tokens = 9; } },
         { "x not 16-byte aligned", [](frt_gemv_args & a) { a.x = a.x + 1; } },
-        { "two direct types", [](frt_gemv_args & a) {
+        { "Q4_K and F32 in one launch", [](frt_gemv_args & a) {
               a.n_segments        = 2;
               a.seg[1]            = a.seg[0];
-              a.seg[1].type       = FRT_GEMV_Q6_K_R;
-              a.seg[1].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K_R, 2048);
+              a.seg[1].type       = FRT_GEMV_F32;
+              a.seg[1].row_stride = frt_gemv_row_bytes(FRT_GEMV_F32, 2048);
           } },
         { "GGUF Q6_K rows not contiguous", [](frt_gemv_args & a) {
               a.seg[0].type       = FRT_GEMV_Q6_K;
@@ -446,6 +446,11 @@ int main(int argc, char ** argv) {
           { S{ Q4, 8192 }, S{ Q4, 4096 }, S{ Q8, 32 }, S{ Q8, 32 } }, true });
     add({ "GDN in-proj pack, 2 tokens", 2048, 2, { S{ Q4, 8192 }, S{ Q4, 4096 }, S{ Q8, 32 }, S{ Q8, 32 } }, true });
     add({ "attention q/k/v pack (v GGUF Q6_K)", 2048, 1, { S{ Q4, 8192 }, S{ Q4, 512 }, S{ Q6, 512 } }, true });
+    // Repacked Q6_K/Q8_0 in a pack of another type go through shared memory too.
+    add({ "GDN pack, alpha beta repacked", 2048, 1,
+          { S{ Q4, 8192 }, S{ Q4, 4096 }, S{ Q8, 32, true }, S{ Q8, 32, true } }, true });
+    add({ "q/k/v pack, v repacked, 3 tokens", 2048, 3, { S{ Q4, 2048 }, S{ Q4, 512 }, S{ Q6, 512, true } }, true });
+    add({ "q6_K_R + q8_0_R + q8_0 GGUF", 768, 2, { S{ Q6, 300, true }, S{ Q8, 70, true }, S{ Q8, 33 } } });
     add({ "router 8 tokens", 2048, 8, { S{ F32, 256 } } });
     // Odd shapes.
     add({ "q5_K 1000 rows, 5 tokens, residual", 768, 5, { S{ Q5, 1000, false, 0, true } } });
