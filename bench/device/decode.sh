@@ -29,24 +29,12 @@ check)
     start=$(date +%s)
     "$xtask" build --arch 90a --targets test-backend-ops,llama-bench,llama-completion > "$out/build.log" 2>&1 &
     build=$!
-    # Vendor tests and gemv-bench meanwhile (nvcc, their own binaries).
-    for test in vendor/csrc/tests/test-*.cu; do
-        name=$(basename "$test" .cu)
-        if nvcc -std=c++17 -O2 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu "$test" -o "/tmp/$name" \
-            > "$out/$name.build.log" 2>&1; then
-            if "/tmp/$name" > "$out/$name.txt" 2>&1; then r=ok; else r=FAILED; fi
-            say "vendor $name: $r: $(tail -1 "$out/$name.txt")"
-        else
-            say "vendor $name: BUILD FAILED"; tail -20 "$out/$name.build.log"
-        fi
-    done
-    if [ -f bench/tools/gemv-bench.cu ]; then
-        nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools vendor/csrc/*.cu bench/tools/gemv-bench.cu \
-            -o /tmp/gemv-bench > "$out/gemv-bench.build.log" 2>&1 \
-            && /tmp/gemv-bench "$keep/gemv-ours.jsonl" > "$out/gemv-bench.md" 2>&1 \
-            && cp "$keep/gemv-ours.jsonl" "$out/" && say "gemv-bench: done ($(grep -c . "$keep/gemv-ours.jsonl") rows)" \
-            || { say "gemv-bench FAILED"; tail -20 "$out/gemv-bench.build.log" "$out/gemv-bench.md" 2>/dev/null; }
-    fi
+    # Vendor tests and gemv-bench meanwhile (nvcc, their own binaries): bench/device/gemv.sh.
+    if OUT=$out/gemv bash bench/device/gemv.sh > "$out/gemv.log" 2>&1; then r=ok; else r=FAILED; fi
+    cat "$out/gemv/summary.txt" >> "$out/summary.txt"
+    say "vendor tests + gemv-bench: $r"
+    cp "$out/gemv/gemv-bench.jsonl" "$keep/gemv-ours.jsonl" 2>/dev/null || true
+    tail -40 "$out/gemv.log"
     wait $build || { tail -40 "$out/build.log"; exit 1; }
     say "flashrt build: $(( $(date +%s) - start )) s"
     # The FlashRT cases, REPEAT times: a case that fails by the draw of its inputs shows up here.
@@ -95,4 +83,8 @@ bench)
 esac
 echo
 cat "$out/summary.txt"
-archive_out "decode-$phase"
+# Few files come back from the device: everything in one archive, plus the summary.
+tar -czf "/tmp/decode-$phase.tgz" -C "$out" .
+cp "$out/summary.txt" "/tmp/decode-$phase-summary.txt"
+find "$out" -mindepth 1 -delete
+mv "/tmp/decode-$phase.tgz" "/tmp/decode-$phase-summary.txt" "$out/"
