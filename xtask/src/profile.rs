@@ -498,11 +498,11 @@ mod tests {
             registered.iter().collect::<Vec<_>>(),
             "{WINDOW_KERNELS} must list exactly the windows of overlay/registry.cu"
         );
-        // The kernels the vendor sources define.
+        // The kernels the vendor sources define (templates live in headers).
         let mut kernels = Vec::new();
         for entry in std::fs::read_dir(project.root.join("vendor/csrc")).unwrap() {
             let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "cu") {
+            if path.extension().is_some_and(|e| e == "cu" || e == "cuh") {
                 let text = std::fs::read_to_string(&path).unwrap();
                 for (at, declaration) in text.match_indices("__global__ void ") {
                     let name: String = text[at + declaration.len()..]
