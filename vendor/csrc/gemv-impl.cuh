@@ -755,7 +755,7 @@ static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
             for (int w = 0; w < kWarps; ++w) {
                 ss += partial[w][v];
             }
-            const float  scale = rsqrtf(ss / p.k + p.eps);
+            const float  scale = rsqrtf(__fdiv_rn(ss, (float) p.k) + p.eps);
             const float4 nv    = ((const float4 *) p.norm)[c];
             xv                 = make_float4(xv.x * scale * nv.x, xv.y * scale * nv.y, xv.z * scale * nv.z,
                                              xv.w * scale * nv.w);
@@ -768,8 +768,10 @@ static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
             for (int offset = 1; offset < 8; offset <<= 1) {
                 amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, offset));
             }
-            const float d   = amax / 127.0f;
-            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            // Correctly rounded also under -use_fast_math (ggml-cuda's flags, which the overlay
+            // inherits): the rounding of x is the same in every build, the one the test checks.
+            const float d   = __fdiv_rn(amax, 127.0f);
+            const float inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
             const int   q0 = __float2int_rn(xv.x * inv), q1 = __float2int_rn(xv.y * inv);
             const int   q2 = __float2int_rn(xv.z * inv), q3 = __float2int_rn(xv.w * inv);
             ((int *) xq)[i] = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (q3 & 0xff) << 24;
@@ -874,13 +876,13 @@ static constexpr int kMaxDevices = 16;
 
 // The plan of a launch (gemv.cu): nullptr, or why frt_gemv does not take it. smem: its bytes of
 // shared memory. warps_available: resident warps of the device.
-const char * gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params & p, int & smem);
+const char * frt_gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params & p, int & smem);
 
 // What a launch needs to know of a device, asked once per device (gemv.cu).
 struct gemv_device {
     int sms, smem_per_sm, smem_reserved;
 };
-cudaError_t gemv_device_info(int device, gemv_device & info);
+cudaError_t frt_gemv_device_info(int device, gemv_device & info);
 
 // Once per (instance, device): allow the most shared memory a launch may ask for (the launch's own
 // size decides the occupancy). Devices beyond kMaxDevices ask every time.
@@ -902,7 +904,7 @@ template <int DIRECT, int T> static cudaError_t gemv_launch(const frt_gemv_args 
     gemv_device dev;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) {
-        err = gemv_device_info(device, dev);
+        err = frt_gemv_device_info(device, dev);
     }
     if (err == cudaSuccess) {
         err = gemv_allow_smem<DIRECT, T>(device);
@@ -912,7 +914,7 @@ template <int DIRECT, int T> static cudaError_t gemv_launch(const frt_gemv_args 
     }
     gemv_params p;
     int         smem = 0;
-    if (gemv_plan(a, dev.sms * 2 * kWarps, p, smem) != nullptr) {
+    if (frt_gemv_plan(a, dev.sms * 2 * kWarps, p, smem) != nullptr) {
         return cudaErrorInvalidValue;
     }
     // Blocks an SM holds: 2 by registers (__launch_bounds__), fewer when shared memory is short.
@@ -937,8 +939,8 @@ template <int T> static cudaError_t gemv_launch_tokens(const frt_gemv_args & a, 
 }
 
 // Defined in gemv-tokens{1,2,4,8}.cu.
-cudaError_t gemv_launch_tokens1(const frt_gemv_args & a, int direct, cudaStream_t stream);
-cudaError_t gemv_launch_tokens2(const frt_gemv_args & a, int direct, cudaStream_t stream);
-cudaError_t gemv_launch_tokens4(const frt_gemv_args & a, int direct, cudaStream_t stream);
-cudaError_t gemv_launch_tokens8(const frt_gemv_args & a, int direct, cudaStream_t stream);
+cudaError_t frt_gemv_launch_tokens1(const frt_gemv_args & a, int direct, cudaStream_t stream);
+cudaError_t frt_gemv_launch_tokens2(const frt_gemv_args & a, int direct, cudaStream_t stream);
+cudaError_t frt_gemv_launch_tokens4(const frt_gemv_args & a, int direct, cudaStream_t stream);
+cudaError_t frt_gemv_launch_tokens8(const frt_gemv_args & a, int direct, cudaStream_t stream);
 

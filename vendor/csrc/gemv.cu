@@ -196,7 +196,7 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a) {
     return nullptr;
 }
 
-const char * gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params & p, int & smem) {
+const char * frt_gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params & p, int & smem) {
     int stage_bytes = 0, direct = -1;
     if (const char * why = gemv_check(a, stage_bytes, direct, p)) {
         return why;
@@ -315,7 +315,7 @@ const char * gemv_plan(const frt_gemv_args & a, int warps_available, gemv_params
     return nullptr;
 }
 
-cudaError_t gemv_device_info(int device, gemv_device & info) {
+cudaError_t frt_gemv_device_info(int device, gemv_device & info) {
     const auto ask = [](int d, gemv_device & out) {
         cudaError_t err = cudaDeviceGetAttribute(&out.sms, cudaDevAttrMultiProcessorCount, d);
         if (err == cudaSuccess) {
@@ -343,9 +343,9 @@ cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream) {
     }
     const int direct = gemv_direct_type(args);
     switch (gemv_tokens_max(args.tokens)) {
-        case 1:  return gemv_launch_tokens1(args, direct, stream);
-        case 2:  return gemv_launch_tokens2(args, direct, stream);
-        case 4:  return gemv_launch_tokens4(args, direct, stream);
-        default: return gemv_launch_tokens8(args, direct, stream);
+        case 1:  return frt_gemv_launch_tokens1(args, direct, stream);
+        case 2:  return frt_gemv_launch_tokens2(args, direct, stream);
+        case 4:  return frt_gemv_launch_tokens4(args, direct, stream);
+        default: return frt_gemv_launch_tokens8(args, direct, stream);
     }
 }
