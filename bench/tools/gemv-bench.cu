@@ -22,8 +22,8 @@
 // Usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] [--stream-mib 120]
 //                  [--graph-ms 2] [--list]
 //   --graph-ms: the least work a graph holds (launches = max(copies, 32 for experts, this / floor))
-// Build (device): nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu \
-//     vendor/csrc/*.cu -o gemv-bench
+// Build (device; bench/device/gemv.sh does this and runs it):
+//   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu vendor/csrc/*.cu -o gemv-bench
 
 #include "cuda-check.cuh"
 #include "gemv.cuh"

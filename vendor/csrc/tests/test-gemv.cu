@@ -1,14 +1,14 @@
 // Unit test of frt_gemv (vendor/csrc/gemv.cu) and frt_gemv_repack against a float64 CPU reference
 // that dequantizes random GGUF rows (tests/test-gemv-reference.cuh): the decode shapes of a
 // Qwen3.6-35B-A3B step (the packs, the experts by ids, the LM head), odd shapes (rows not a
-// multiple of anything, k = 256 + 512 n, 1..8 tokens, ids with repeats and one out of range) and
-// launches frt_gemv must refuse. Fresh random weights and inputs every run (the seed is printed);
-// every output is poisoned with NaN first and every element is checked twice: against the same
-// sum with x rounded to int8 as the kernel rounds it (bound: float rounding only), and against
-// the exact sum (bound: plus d/2 of each 32-block times the |w| it multiplies). The padding
-// between output rows must stay NaN. Needs a GPU:
-//   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu vendor/csrc/tests/test-gemv.cu \
-//        -o test-gemv && ./test-gemv [seed]
+// multiple of anything, k of 256 to 4096 including 768 and 1280, 1..8 tokens, ids with repeats
+// and one out of range) and launches frt_gemv must refuse. Fresh random weights and inputs every
+// run; every output is poisoned with NaN first and every element is checked twice: against the
+// same sum with x rounded to int8 as the kernel rounds it (bound: float rounding only), and
+// against the exact sum (bound: plus d/2 of each 32-block times the |w| it multiplies). The
+// padding between output rows must stay NaN. Needs a GPU; a run prints its seed, which reruns it:
+//   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu vendor/csrc/tests/test-gemv.cu -o test-gemv
+//   ./test-gemv [seed]
 
 #include "gemv.cuh"
 #include "tests/test-gemv-reference.cuh"
