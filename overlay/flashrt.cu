@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
-#include <utility>
 #include <vector>
 
 extern char ** environ;
@@ -117,9 +119,52 @@ struct flashrt_pending_window {
     flashrt_match        match;
 };
 
+// What identifies a graph for preparation: its nodes, their ops, and the memory they and their
+// weights sit at (FNV-1a). Decode runs the same graph every token; preparing it again is waste.
+static uint64_t graph_signature(const ggml_cgraph * cgraph) {
+    uint64_t h = 1469598103934665603ull;
+    const auto mix = [&h](uint64_t v) {
+        h ^= v;
+        h *= 1099511628211ull;
+    };
+    mix((uint64_t) cgraph->n_nodes);
+    for (int i = 0; i < cgraph->n_nodes; ++i) {
+        const ggml_tensor * t = cgraph->nodes[i];
+        mix((uint64_t) (uintptr_t) t);
+        mix((uint64_t) t->op);
+        mix((uint64_t) (uintptr_t) t->data);
+        mix((uint64_t) (uintptr_t) (t->src[0] ? t->src[0]->data : nullptr));
+    }
+    return h;
+}
+
+// The graph each context prepared last. Never destroyed: a context may outlive static destructors.
+struct flashrt_prepared_graphs {
+    std::mutex                                                 mutex;
+    std::map<const ggml_backend_cuda_context *, uint64_t> signature;
+};
+
+static flashrt_prepared_graphs & prepared_graphs() {
+    static flashrt_prepared_graphs * p = new flashrt_prepared_graphs;
+    return *p;
+}
+
+// Whether ctx last prepared this very graph (and remember it).
+static bool already_prepared(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph) {
+    const uint64_t signature = graph_signature(cgraph);
+    flashrt_prepared_graphs & p = prepared_graphs();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    auto it = p.signature.find(&ctx);
+    if (it != p.signature.end() && it->second == signature) {
+        return true;
+    }
+    p.signature[&ctx] = signature;
+    return false;
+}
+
 // The weights that matched windows will read, repacked now: the node loop may run under capture.
 static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph) {
-    if (!flashrt_repack_cache_enabled()) {
+    if (!flashrt_repack_cache_enabled() || already_prepared(ctx, cgraph)) {
         return;
     }
     const int cc = ggml_cuda_info().devices[ctx.device].cc;
@@ -146,6 +191,9 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
 
 void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {
     flashrt_repack_free(ctx);
+    flashrt_prepared_graphs & p = prepared_graphs();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.signature.erase(&ctx);
 }
 
 int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i) {
@@ -158,8 +206,17 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
     thread_local const ggml_cgraph * pass_graph = nullptr;
     thread_local int pass_last = INT_MAX;
     thread_local flashrt_pending_window pending;
-    // Nodes that windows of this pass already computed, with the window that did, ascending.
-    thread_local std::vector<std::pair<int, int>> claimed;
+    // Nodes that windows of this pass claimed, ascending: computed already, or to be computed
+    // when the loop gets there.
+    struct claim {
+        int                          node;
+        const flashrt_window_state * window;
+        int                          anchor;
+        bool                         runs_there;
+        flashrt_match                match;
+        bool operator<(const claim & o) const { return node < o.node; }
+    };
+    thread_local std::vector<claim> claimed;
     const bool new_pass = cgraph != pass_graph || i <= pass_last;
     if (new_pass) {
         stats.graphs++;
@@ -168,16 +225,24 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
     }
     pass_graph = cgraph;
 
-    // Nodes a window computed earlier in the pass are done.
-    while (!claimed.empty() && claimed.front().first < i) {
+    // Nodes a window claimed: done earlier in the pass, or computed now.
+    while (!claimed.empty() && claimed.front().node < i) {
+        if (claimed.front().runs_there) {
+            // Skipped by the loop (a stock fusion took it): its result would be missing.
+            GGML_ABORT("FlashRT window %s claimed node %d to compute there, which the node loop skipped",
+                       claimed.front().window->window->name, claimed.front().node);
+        }
         claimed.erase(claimed.begin());
     }
-    if (!claimed.empty() && claimed.front().first == i) {
-        const int window_index = claimed.front().second;
+    if (!claimed.empty() && claimed.front().node == i) {
+        const claim c = claimed.front();
         claimed.erase(claimed.begin());
+        if (c.runs_there) {
+            c.window->window->run_claimed(ctx, cgraph, c.anchor, c.match, i);
+        }
         stats.nodes++;
         stats.nodes_covered++;
-        stats.covered[window_index]++;
+        stats.covered[c.window->index]++;
         pass_last = i;
         return 1;
     }
@@ -229,7 +294,8 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
     ws->window->run(ctx, cgraph, i, m);
     for (int k = 0; k < m.n_claimed; ++k) {
         GGML_ASSERT(m.claimed[k] >= i + m.n_nodes && (k == 0 || m.claimed[k] > m.claimed[k - 1]));
-        claimed.emplace_back(m.claimed[k], ws->index);
+        GGML_ASSERT(!m.claimed_runs_there[k] || ws->window->run_claimed != nullptr);
+        claimed.push_back({ m.claimed[k], ws, i, m.claimed_runs_there[k], m });
     }
     std::sort(claimed.begin(), claimed.end());
     stats.nodes += m.n_nodes;

@@ -16,9 +16,11 @@ static const flashrt_window flashrt_registry[] = {
     { "SHEXP_GATE", flashrt_tier::full, 900, flashrt_match_shexp_gate, flashrt_run_shexp_gate,
       flashrt_prepare_shexp_gate },
     // full until the device A/B puts them in safe (docs/perf-notes.md, decode GEMV).
-    { "INPROJ", flashrt_tier::full, 900, flashrt_match_inproj, flashrt_run_inproj, flashrt_prepare_inproj },
-    { "ATTNQKV", flashrt_tier::full, 900, flashrt_match_attnqkv, flashrt_run_attnqkv, flashrt_prepare_attnqkv },
-    { "HEAD", flashrt_tier::full, 900, flashrt_match_head, flashrt_run_head, flashrt_prepare_head },
+    { "INPROJ", flashrt_tier::full, 900, flashrt_match_inproj, flashrt_run_inproj, flashrt_prepare_inproj,
+      flashrt_run_claimed_inproj },
+    { "ATTNQKV", flashrt_tier::full, 900, flashrt_match_attnqkv, flashrt_run_attnqkv, flashrt_prepare_attnqkv,
+      flashrt_run_claimed_attnqkv },
+    { "HEAD", flashrt_tier::full, 900, flashrt_match_head, flashrt_run_head, flashrt_prepare_head, flashrt_run_claimed_head },
     { "MATVEC", flashrt_tier::full, 900, flashrt_match_matvec, flashrt_run_matvec, flashrt_prepare_matvec },
 };
 

@@ -28,8 +28,11 @@ struct flashrt_match {
     int          run_at  = -1;       // deferred: the node where the window runs (> i)
     int          head    = 0;        // deferred: nodes taken at i (>= 2)
     int          tail    = 0;        // deferred: nodes taken at run_at (>= 2)
-    int          n_claimed = 0;      // immediate: later nodes computed by this run, ascending,
+    int          n_claimed = 0;      // immediate: later nodes this window computes, ascending,
     int          claimed[FLASHRT_MAX_CLAIMED] = {};  // each >= i + n_nodes
+    // Per claimed node: false, computed by the run at i; true, computed when the loop reaches it,
+    // by the window's run_claimed (its output's memory is lent to nodes in between until then).
+    bool         claimed_runs_there[FLASHRT_MAX_CLAIMED] = {};
 
     bool hit() const { return miss == nullptr && (deferred() || n_nodes >= 1); }
     bool deferred() const { return run_at >= 0; }
@@ -70,6 +73,10 @@ struct flashrt_window {
     // Optional (nullptr: nothing to prepare). Called from the begin-graph hook, outside capture, for
     // every match in the graph about to run: fills the repack cache with the weights run reads.
     void (*prepare)(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m);
+    // Optional (nullptr: the window never sets claimed_runs_there). Computes claimed node `node` of
+    // the match made at node i, when the node loop reaches it. Capture-safe, like run.
+    void (*run_claimed)(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m,
+                        int node) = nullptr;
 };
 
 // The registered windows, in the order they are tried at each node.

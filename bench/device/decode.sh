@@ -50,6 +50,12 @@ check)
         say "test-backend-ops FLASHRT round $round: $(grep -m1 'tests passed' "$out/tbo-$round.txt" | xargs)"
     done
     grep -E "FlashRT stats:   " "$out/tbo-1.txt" | awk '{print "hits", $3, $5}' | tee -a "$out/summary.txt"
+    # Norm-fed packs computing each matvec where it stands (the path the allocator's reuse takes).
+    if GGML_FLASHRT_GEMV_LATE=1 "$bin/test-backend-ops" test -b CUDA0 -o 'FLASHRT_.*' > "$out/tbo-late.txt" 2>&1; then
+        say "test-backend-ops FLASHRT, GGML_FLASHRT_GEMV_LATE=1: $(grep -m1 'tests passed' "$out/tbo-late.txt" | xargs)"
+    else
+        say "test-backend-ops FLASHRT, GGML_FLASHRT_GEMV_LATE=1: FAILED"; grep -E "FAIL" "$out/tbo-late.txt" | head
+    fi
     say "FLASHRT cases: $passes of ${REPEAT:-10} rounds passed"
     ;;
 profile)

@@ -19,3 +19,9 @@ void flashrt_run_attnqkv(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, 
 void flashrt_prepare_attnqkv(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m) {
     flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, true));
 }
+
+void flashrt_run_claimed_attnqkv(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m,
+                            int node) {
+    GGML_UNUSED(m);
+    flashrt_gemv_run_there(ctx, cgraph, i, node, "ATTNQKV");
+}

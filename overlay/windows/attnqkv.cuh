@@ -10,3 +10,5 @@
 flashrt_match flashrt_match_attnqkv(const ggml_cgraph * cgraph, int i);
 void flashrt_run_attnqkv(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
 void flashrt_prepare_attnqkv(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m);
+void flashrt_run_claimed_attnqkv(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m,
+                            int node);

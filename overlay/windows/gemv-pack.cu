@@ -3,6 +3,7 @@
 #include "../repack.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 // How far after a value its readers are searched. A qwen35moe Gated DeltaNet layer reads its normed
@@ -63,7 +64,7 @@ const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor
             return "expert ids layout";
         }
         if (input->ne[2] > FLASHRT_GEMV_MAX_TOKENS) {
-            return "batch (more than 8 tokens)";
+            return "batch (more tokens than the decode GEMV windows take)";
         }
         if (input->ne[1] != 1 && input->ne[1] != ids->ne[0]) {
             return "expert inputs neither shared nor one per expert";
@@ -72,7 +73,7 @@ const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor
             return "too many expert slots";
         }
     } else if (input->ne[1] > FLASHRT_GEMV_MAX_TOKENS || input->ne[2] != 1) {
-        return "batch (more than 8 tokens)";
+        return "batch (more tokens than the decode GEMV windows take)";
     }
     return nullptr;
 }
@@ -149,41 +150,65 @@ static bool overlaps_any_source(const ggml_tensor * t, const ggml_tensor * out) 
     return false;
 }
 
-const char * flashrt_gemv_claims_safe(const ggml_cgraph * cgraph, int run_at, const flashrt_gemv_pack & pack,
-                                      const ggml_tensor * x) {
-    for (int p = 0; p < pack.n; ++p) {
-        const ggml_tensor * out = cgraph->nodes[pack.nodes[p]];
-        if (flashrt_overlaps(out, x)) {
-            return "memory: an output overlaps the input";
-        }
-        for (int q = 0; q < pack.n; ++q) {
-            const ggml_tensor * w = cgraph->nodes[pack.nodes[q]]->src[0];
-            if (flashrt_overlaps(out, w) || (q != p && flashrt_overlaps(out, cgraph->nodes[pack.nodes[q]]))) {
-                return "memory: outputs overlap each other or a weight";
-            }
-        }
-        // Everything the loop would have run before this node must leave its memory alone.
-        for (int t = run_at; t < pack.nodes[p]; ++t) {
-            const ggml_tensor * node = cgraph->nodes[t];
-            bool in_pack = false;
-            for (int q = 0; q < pack.n; ++q) {
-                in_pack = in_pack || pack.nodes[q] == t;
-            }
-            if (in_pack) {
-                continue;  // checked above
-            }
-            if ((node->data != nullptr && flashrt_overlaps(node, out)) || overlaps_any_source(node, out)) {
-                return "memory: a node before a claimed matvec uses its output's buffer";
-            }
+bool flashrt_gemv_early_safe(const ggml_cgraph * cgraph, int run_at, const flashrt_gemv_pack & pack, int p,
+                             const ggml_tensor * x) {
+    const ggml_tensor * out = cgraph->nodes[pack.nodes[p]];
+    if (flashrt_overlaps(out, x)) {
+        return false;
+    }
+    for (int q = 0; q < pack.n; ++q) {
+        const ggml_tensor * w = cgraph->nodes[pack.nodes[q]]->src[0];
+        if (flashrt_overlaps(out, w) || (q != p && flashrt_overlaps(out, cgraph->nodes[pack.nodes[q]]))) {
+            return false;
         }
     }
-    return nullptr;
+    // Everything the loop would have run before this node must leave its memory alone.
+    for (int t = run_at; t < pack.nodes[p]; ++t) {
+        const ggml_tensor * node = cgraph->nodes[t];
+        bool in_pack = false;
+        for (int q = 0; q < pack.n; ++q) {
+            in_pack = in_pack || pack.nodes[q] == t;
+        }
+        if (in_pack) {
+            continue;  // checked above
+        }
+        if ((node->data != nullptr && flashrt_overlaps(node, out)) || overlaps_any_source(node, out)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// GGML_FLASHRT_GEMV_LATE=1: norm-fed packs compute every matvec where it stands, as they do when the
+// allocator lends its output's memory to the nodes before it. test-backend-ops allocates every
+// tensor apart, so only this switch takes that path there.
+static bool late_for_test() {
+    static const bool late = [] {
+        const char * v = std::getenv("GGML_FLASHRT_GEMV_LATE");
+        return v != nullptr && std::strcmp(v, "1") == 0;
+    }();
+    return late;
+}
+
+// Whether the norm's input and weight stay as they are from node `from` until node `until`, so that a
+// launch there can still fold the norm.
+static bool norm_inputs_intact(const ggml_cgraph * cgraph, int from, int until, const ggml_tensor * x,
+                               const ggml_tensor * weight) {
+    for (int t = from; t < until; ++t) {
+        const ggml_tensor * node = cgraph->nodes[t];
+        if (node->data != nullptr && !flashrt_is_view(node) &&
+            (flashrt_overlaps(node, x) || flashrt_overlaps(node, weight))) {
+            return false;
+        }
+    }
+    return true;
 }
 
 flashrt_match flashrt_gemv_match(const flashrt_gemv_pack & pack, int i, int n_nodes) {
     flashrt_match m = flashrt_hit(n_nodes);
     for (int p = 0; p < pack.n; ++p) {
         if (pack.nodes[p] >= i + n_nodes) {
+            m.claimed_runs_there[m.n_claimed] = pack.there[p];
             m.claimed[m.n_claimed++] = pack.nodes[p];
         }
     }
@@ -200,6 +225,7 @@ flashrt_gemv_pack flashrt_gemv_pack_of(const flashrt_match & m, int i, bool norm
         }
     }
     for (int k = 0; k < m.n_claimed; ++k) {
+        pack.there[pack.n] = m.claimed_runs_there[k];
         pack.nodes[pack.n++] = m.claimed[k];
     }
     return pack;
@@ -209,6 +235,7 @@ flashrt_gemv_pack flashrt_gemv_pack_of(const flashrt_match & m, int i, bool norm
 static void fill_args(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                       frt_gemv_args & a) {
     a = frt_gemv_args();
+    // Every node of a pack reads the same input: the first describes it.
     const ggml_tensor * first = cgraph->nodes[pack.nodes[0]];
     const ggml_tensor * input = segment_input(first);
     const ggml_tensor * x = input;
@@ -230,11 +257,14 @@ static void fill_args(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgrap
         a.x_per_token = 1;
         a.x_stride = x->nb[1] / sizeof(float);
     }
-    a.n_segments = pack.n;
+    a.n_segments = 0;
     for (int p = 0; p < pack.n; ++p) {
+        if (pack.there[p]) {
+            continue;
+        }
         const ggml_tensor * node = cgraph->nodes[pack.nodes[p]];
         const ggml_tensor * w = node->src[0];
-        frt_gemv_segment & s = a.seg[p];
+        frt_gemv_segment & s = a.seg[a.n_segments++];
         s.type = gemv_type_of(w->type);
         s.w = w->data;
         s.rows = (int) w->ne[1];
@@ -261,8 +291,13 @@ static void fill_args(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgrap
 
 // What the kernel itself refuses (alignment, shared memory), asked with the GGUF layout.
 static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack) {
+    // Asked for the pack as one launch: a launch of a subset needs no more of the kernel.
+    flashrt_gemv_pack all = pack;
+    for (int p = 0; p < all.n; ++p) {
+        all.there[p] = false;
+    }
     frt_gemv_args a;
-    fill_args(nullptr, cgraph, pack, a);
+    fill_args(nullptr, cgraph, all, a);
     return frt_gemv_unsupported(a);
 }
 
@@ -270,7 +305,18 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
                            const char * window) {
     frt_gemv_args a;
     fill_args(&ctx, cgraph, pack, a);
+    if (a.n_segments == 0) {
+        return;  // every matvec is computed where it stands
+    }
     FLASHRT_CHECK(window, frt_gemv(a, ctx.stream()));
+}
+
+void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm, int node,
+                            const char * window) {
+    flashrt_gemv_pack one;
+    one.norm = norm;
+    one.nodes[one.n++] = node;
+    flashrt_gemv_run_pack(ctx, cgraph, one, window);
 }
 
 void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
@@ -314,17 +360,37 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
     if (const char * miss = kernel_miss(cgraph, pack)) {
         return miss;
     }
-    return flashrt_gemv_claims_safe(cgraph, i, pack, x);
+    for (int p = 0; p < pack.n; ++p) {
+        if (!late_for_test() && flashrt_gemv_early_safe(cgraph, i, pack, p, x)) {
+            continue;
+        }
+        // Its memory is lent out until its turn: compute it there, if the norm's inputs last.
+        const ggml_tensor * out = cgraph->nodes[pack.nodes[p]];
+        if (flashrt_overlaps(out, x) || flashrt_overlaps(out, weight) ||
+            !norm_inputs_intact(cgraph, i + 2, pack.nodes[p], x, weight)) {
+            return "memory: a matvec's output is lent out and the norm's input does not last until it";
+        }
+        pack.there[p] = true;
+    }
+    return nullptr;
 }
 
 const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack) {
     if (const char * miss = flashrt_gemv_collect_same_input(cgraph, i, pack)) {
         return miss;
     }
-    if (const char * miss = kernel_miss(cgraph, pack)) {
-        return miss;
+    // Later readers whose memory is lent out until their turn run there, in their own launch.
+    const ggml_tensor * input = segment_input(cgraph->nodes[i]);
+    flashrt_gemv_pack safe;
+    for (int p = 0; p < pack.n; ++p) {
+        if (flashrt_gemv_early_safe(cgraph, i, pack, p, input)) {
+            safe.nodes[safe.n++] = pack.nodes[p];
+        } else if (p == 0) {
+            return "memory: the output overlaps the input or a weight";
+        }
     }
-    return flashrt_gemv_claims_safe(cgraph, i, pack, segment_input(cgraph->nodes[i]));
+    pack = safe;
+    return kernel_miss(cgraph, pack);
 }
 
 bool flashrt_gemv_pack_reads(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,

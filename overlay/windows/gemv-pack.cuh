@@ -13,13 +13,18 @@
 #include <initializer_list>
 
 struct flashrt_gemv_pack {
-    int n = 0;                           // MUL_MAT nodes, ascending
-    int nodes[FRT_GEMV_MAX_SEGMENTS] = {};
-    int norm = -1;                       // the RMS_NORM node folded into the prologue, or -1
+    int  n = 0;                            // MUL_MAT nodes, ascending
+    int  nodes[FRT_GEMV_MAX_SEGMENTS] = {};
+    // Norm-fed packs only: computed at its own node (a launch of its own, norm in the prologue),
+    // because the allocator lends its output's memory to nodes before it.
+    bool there[FRT_GEMV_MAX_SEGMENTS] = {};
+    int  norm = -1;                        // the RMS_NORM node folded into the prologue, or -1
 };
 
-// Decode only: at most this many tokens (speculative verify batches); larger batches run stock.
-constexpr int FLASHRT_GEMV_MAX_TOKENS = FRT_GEMV_MAX_TOKENS;
+// Decode only: at most this many tokens; larger batches run stock. The kernel takes up to
+// FRT_GEMV_MAX_TOKENS (speculative verify), but v1 is slower than stock from 2 tokens on
+// (bench/results/2026-11-30-fcb4a49-h200-decode-gemv-v1): those batches fall back until it is not.
+constexpr int FLASHRT_GEMV_MAX_TOKENS = 1;
 
 // Why the dense MUL_MAT `mm` cannot be a segment reading `input` (nullptr: it can).
 const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor * input);
@@ -32,11 +37,11 @@ const char * flashrt_gemv_collect_all_consumers(const ggml_cgraph * cgraph, int 
 // be one), as many as fit; nullptr on success, else why not.
 const char * flashrt_gemv_collect_same_input(const ggml_cgraph * cgraph, int first, flashrt_gemv_pack & pack);
 
-// Whether the pack's nodes after the run can be computed at node `run_at`: nothing in between may
-// read or write their memory, which the allocator may lend out until they are computed. nullptr
-// when safe, else why not. Also checks the pack's outputs against the launch's inputs.
-const char * flashrt_gemv_claims_safe(const ggml_cgraph * cgraph, int run_at, const flashrt_gemv_pack & pack,
-                                      const ggml_tensor * x);
+// Whether pack node p can be computed at node `run_at`: nothing in between may read or write its
+// memory, which the allocator may lend out until it is computed, and it must not overlap the
+// launch's input, a weight or another output of the pack.
+bool flashrt_gemv_early_safe(const ggml_cgraph * cgraph, int run_at, const flashrt_gemv_pack & pack, int p,
+                             const ggml_tensor * x);
 
 // The match for a pack that runs at node i covering n_nodes nodes from i, claiming the rest.
 flashrt_match flashrt_gemv_match(const flashrt_gemv_pack & pack, int i, int n_nodes);
@@ -45,9 +50,13 @@ flashrt_match flashrt_gemv_match(const flashrt_gemv_pack & pack, int i, int n_no
 // run is not a folded norm) and the claimed ones.
 flashrt_gemv_pack flashrt_gemv_pack_of(const flashrt_match & m, int i, bool norm_folded);
 
-// Runs the pack on ctx.stream(): x is the launch input (the norm's input when folded).
+// Runs the pack's nodes computed at the anchor (not those computed there) on ctx.stream(): x is the launch input (the norm's input when folded).
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                            const char * window);
+
+// Computes one node of a norm-fed pack where it stands (pack.there), norm in the prologue.
+void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm, int node,
+                            const char * window);
 
 // Begin-graph hook: the repacked copies of the pack's Q6_K / Q8_0 weights.
 void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,

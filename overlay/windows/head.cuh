@@ -11,3 +11,5 @@
 flashrt_match flashrt_match_head(const ggml_cgraph * cgraph, int i);
 void flashrt_run_head(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
 void flashrt_prepare_head(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m);
+void flashrt_run_claimed_head(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m,
+                            int node);
