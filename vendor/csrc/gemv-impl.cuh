@@ -33,7 +33,7 @@ static constexpr unsigned kFull = 0xffffffffu;
 static constexpr __host__ __device__ int gemv_items_in_flight(int type, int tokens_max) {
     if (tokens_max <= 2) {
         switch (type) {
-            case FRT_GEMV_Q4_K:   return 6;
+            case FRT_GEMV_Q4_K:   return 8;  // at most 8: one shared header a lane of 8 (gemv_direct_batch)
             case FRT_GEMV_Q5_K:   return 4;
             case FRT_GEMV_Q6_K_R: return 5;
             case FRT_GEMV_Q8_0_R: return 6;
@@ -42,6 +42,7 @@ static constexpr __host__ __device__ int gemv_items_in_flight(int type, int toke
         }
     }
     switch (type) {
+        case FRT_GEMV_Q4_K:   return tokens_max <= 4 ? 8 : 4;  // 8 spills 88 bytes on sm_120a at 8 tokens
         case FRT_GEMV_Q5_K:
         case FRT_GEMV_Q6_K_R: return 3;  // 4 spills 8 bytes on sm_120a at 8 tokens
         case FRT_GEMV_F32:
@@ -248,16 +249,19 @@ static __device__ __forceinline__ void gemv_q8_dot(uint4 qa, uint4 qb, float d, 
 
 template <int TYPE> struct gemv_direct;
 
+// kSharedHead: the bytes of a block whose first 16 bytes (d, dmin, scales) the 8 lanes of a block
+// share: each lane loads one block's header and the others come by shuffle (gemv_direct_batch),
+// 4 registers an item fewer. 0: no shared header.
 template <> struct gemv_direct<FRT_GEMV_Q4_K> {
+    static constexpr int kSharedHead = 144;
     struct item {
-        uint4 head, qs;
+        uint4 qs;
     };
     static __device__ __forceinline__ item load(const uint8_t * row, int it, int /*k*/) {
-        const uint8_t * blk = row + 144 * (it >> 3);
-        return { gemv_ldg16(blk), gemv_ldg16(blk + 16 + 16 * (it & 7)) };
+        return { gemv_ldg16(row + 144 * (it >> 3) + 16 + 16 * (it & 7)) };
     }
     template <int T>
-    static __device__ __forceinline__ void dot(const item & w, int it, bool swap, const gemv_x & x, int nt,
+    static __device__ __forceinline__ void dot(const item & w, uint4 head, int it, bool swap, const gemv_x & x, int nt,
                                                float (&acc)[T]) {
         const int ns = swap ? 4 : 0;
         uint4     wa, wb;
@@ -269,21 +273,22 @@ template <> struct gemv_direct<FRT_GEMV_Q4_K> {
         wb.y = (w.qs.y >> (4 - ns)) & 0x0f0f0f0f;
         wb.z = (w.qs.z >> (4 - ns)) & 0x0f0f0f0f;
         wb.w = (w.qs.w >> (4 - ns)) & 0x0f0f0f0f;
-        gemv_k4_dot<T>(w.head, wa, wb, it >> 3, it & 7, swap, x, nt, acc);
+        gemv_k4_dot<T>(head, wa, wb, it >> 3, it & 7, swap, x, nt, acc);
     }
 };
 
 template <> struct gemv_direct<FRT_GEMV_Q5_K> {
+    static constexpr int kSharedHead = 176;
     struct item {
-        uint4 head, qh, qs;
+        uint4 qh, qs;
     };
     static __device__ __forceinline__ item load(const uint8_t * row, int it, int /*k*/) {
         const uint8_t * blk = row + 176 * (it >> 3);
         const int       q   = it & 7;
-        return { gemv_ldg16(blk), gemv_ldg16(blk + 16 + 16 * (q & 1)), gemv_ldg16(blk + 48 + 16 * q) };
+        return { gemv_ldg16(blk + 16 + 16 * (q & 1)), gemv_ldg16(blk + 48 + 16 * q) };
     }
     template <int T>
-    static __device__ __forceinline__ void dot(const item & w, int it, bool swap, const gemv_x & x, int nt,
+    static __device__ __forceinline__ void dot(const item & w, uint4 head, int it, bool swap, const gemv_x & x, int nt,
                                                float (&acc)[T]) {
         const int q  = it & 7;
         const int ns = swap ? 4 : 0;
@@ -297,11 +302,12 @@ template <> struct gemv_direct<FRT_GEMV_Q5_K> {
         wb.y = ((w.qs.y >> (4 - ns)) & 0x0f0f0f0f) | (((w.qh.y >> hb) & 0x01010101) << 4);
         wb.z = ((w.qs.z >> (4 - ns)) & 0x0f0f0f0f) | (((w.qh.z >> hb) & 0x01010101) << 4);
         wb.w = ((w.qs.w >> (4 - ns)) & 0x0f0f0f0f) | (((w.qh.w >> hb) & 0x01010101) << 4);
-        gemv_k4_dot<T>(w.head, wa, wb, it >> 3, q, swap, x, nt, acc);
+        gemv_k4_dot<T>(head, wa, wb, it >> 3, q, swap, x, nt, acc);
     }
 };
 
 template <> struct gemv_direct<FRT_GEMV_Q6_K_R> {
+    static constexpr int kSharedHead = 0;
     struct item {
         uint4    ql, qh;
         uint32_t sc, d;
@@ -313,14 +319,15 @@ template <> struct gemv_direct<FRT_GEMV_Q6_K_R> {
                  gemv_ldg_u16(blk + 192 + 2 * q), gemv_ldg_u16(row + 208 * (k / 256) + 2 * b) };
     }
     template <int T>
-    static __device__ __forceinline__ void dot(const item & w, int it, bool swap, const gemv_x & x, int nt,
-                                               float (&acc)[T]) {
+    static __device__ __forceinline__ void dot(const item & w, uint4 /*head*/, int it, bool swap, const gemv_x & x,
+                                               int nt, float (&acc)[T]) {
         gemv_q6_dot<T>(w.ql, w.qh, (int8_t) (w.sc & 0xff), (int8_t) (w.sc >> 8), gemv_half(w.d), it >> 3, it & 7,
                        swap, x, nt, acc);
     }
 };
 
 template <> struct gemv_direct<FRT_GEMV_Q8_0_R> {
+    static constexpr int kSharedHead = 0;
     struct item {
         uint4    qa, qb;
         uint32_t d;
@@ -329,13 +336,14 @@ template <> struct gemv_direct<FRT_GEMV_Q8_0_R> {
         return { gemv_ldg16(row + 32 * it), gemv_ldg16(row + 32 * it + 16), gemv_ldg_u16(row + k + 2 * it) };
     }
     template <int T>
-    static __device__ __forceinline__ void dot(const item & w, int it, bool swap, const gemv_x & x, int nt,
-                                               float (&acc)[T]) {
+    static __device__ __forceinline__ void dot(const item & w, uint4 /*head*/, int it, bool swap, const gemv_x & x,
+                                               int nt, float (&acc)[T]) {
         gemv_q8_dot<T>(w.qa, w.qb, gemv_half(w.d), it, swap, x, nt, acc);
     }
 };
 
 template <> struct gemv_direct<FRT_GEMV_F32> {
+    static constexpr int kSharedHead = 0;
     struct item {
         float4 w;
     };
@@ -343,8 +351,8 @@ template <> struct gemv_direct<FRT_GEMV_F32> {
         return { __ldg((const float4 *) row + it) };
     }
     template <int T>
-    static __device__ __forceinline__ void dot(const item & w, int it, bool /*swap*/, const gemv_x & x, int nt,
-                                               float (&acc)[T]) {
+    static __device__ __forceinline__ void dot(const item & w, uint4 /*head*/, int it, bool /*swap*/,
+                                               const gemv_x & x, int nt, float (&acc)[T]) {
 #pragma unroll
         for (int t = 0; t < T; ++t) {
             if (t < nt) {
@@ -357,6 +365,7 @@ template <> struct gemv_direct<FRT_GEMV_F32> {
 
 // F16 and BF16: 8 weights an item, x in two float4 runs.
 template <bool BF16> struct gemv_direct_half {
+    static constexpr int kSharedHead = 0;
     struct item {
         uint4 w;
     };
@@ -370,8 +379,8 @@ template <bool BF16> struct gemv_direct_half {
         return make_float2(gemv_half(u), gemv_half(u >> 16));
     }
     template <int T>
-    static __device__ __forceinline__ void dot(const item & w, int it, bool swap, const gemv_x & x, int nt,
-                                               float (&acc)[T]) {
+    static __device__ __forceinline__ void dot(const item & w, uint4 /*head*/, int it, bool swap, const gemv_x & x,
+                                               int nt, float (&acc)[T]) {
         const float2 a0 = pair(swap ? w.w.z : w.w.x), a1 = pair(swap ? w.w.w : w.w.y);
         const float2 b0 = pair(swap ? w.w.x : w.w.z), b1 = pair(swap ? w.w.y : w.w.w);
         const int    run_a = 2 * it + (swap ? 1 : 0), run_b = 2 * it + (swap ? 0 : 1);
@@ -464,6 +473,17 @@ static __device__ __forceinline__ void gemv_direct_batch(const gemv_batch & c, i
     }
     for (int j0 = 0; j0 < c.ipl; j0 += U) {
         typename tr::item items[U];
+        // Shared headers: the 8 lanes of a block group (same row, same block for each item u) load
+        // the header of item u's block in lane u of the group.
+        uint4 head = make_uint4(0, 0, 0, 0);
+        if constexpr (tr::kSharedHead > 0) {
+            static_assert(U <= 8, "one shared header a lane of an 8-lane group");
+            const int jh = j0 + (li & 7);
+            const int bh = (jh * c.split + c.slice) * (c.lpr / 8) + (li >> 3);
+            if (row_ok && (li & 7) < U && jh < c.ipl && bh < c.units_per_row / 8) {
+                head = gemv_ldg16(w + tr::kSharedHead * bh);
+            }
+        }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int it = ((j0 + u) * c.split + c.slice) * c.lpr + li;
@@ -473,9 +493,15 @@ static __device__ __forceinline__ void gemv_direct_batch(const gemv_batch & c, i
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
+            uint4 head_u = head;
+            if constexpr (tr::kSharedHead > 0) {
+                const int src = (lane & ~7) | u;
+                head_u        = make_uint4(__shfl_sync(kFull, head.x, src), __shfl_sync(kFull, head.y, src),
+                                           __shfl_sync(kFull, head.z, src), __shfl_sync(kFull, head.w, src));
+            }
             const int it = ((j0 + u) * c.split + c.slice) * c.lpr + li;
             if (row_ok && j0 + u < c.ipl && it < c.units_per_row) {
-                tr::template dot<T>(items[u], it, swap, c.x, c.nt, acc);
+                tr::template dot<T>(items[u], head_u, it, swap, c.x, c.nt, acc);
             }
         }
     }

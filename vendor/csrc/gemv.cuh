@@ -17,10 +17,11 @@
 // - Bytes in flight ("direct" path): a 16-byte item is what one lane multiplies at a time, 32
 //   weights (quantized) or 4/8 (F32/F16/BF16). The lanes of a warp take consecutive items of a row
 //   (coalesced 16-byte loads), 8, 16 or 32 lanes a row so that each lane's items of the row fill
-//   U loads (U = 3..12 by type and tokens, what 128 registers hold without spilling); block
-//   headers come with an 8-lane broadcast load. Warps loop over row groups (grid = SMs x 2 blocks
-//   of 8 warps, x quantized once per block): ~55-75 KB in flight per SM (Little: 33 GB/s per SM x
-//   ~0.8 us = ~27 KB needed).
+//   U loads (U = 3..12 by type and tokens, what 128 registers hold without spilling). Q4_K/Q5_K
+//   block headers (d, dmin, scales) are loaded once per 8 lanes and passed on by shuffle, so a
+//   Q4_K lane holds 8 items. Warps loop over row groups (grid = SMs x 2 blocks of 8 warps, x
+//   quantized once per block): ~55-75 KB in flight per SM (Little: 33 GB/s per SM x ~0.8 us =
+//   ~27 KB needed).
 // - Narrow matrices (router 2048 -> 256, alpha/beta 32 rows): when a launch has too few row groups
 //   for the warps, S = 2..8 warps of a block (a "team") split each row and add their partial sums
 //   in shared memory in a fixed order, so the grid still covers the SMs.
