@@ -106,11 +106,16 @@ std::vector<std::string> split_list(const std::string & s) {
     return out;
 }
 
-// Device copy of a host buffer.
+// Device copy of a host buffer, complete on return. cudaMemcpy from pageable memory may return
+// before its last DMA lands, and the weight copies and graphs run on a non-blocking stream that
+// does not wait for the legacy one: without the synchronisation, copy 0 of a segment could take
+// stale bytes (what failed the check of ffn_gate_up_shexp, segment 1 from row 248 on, in
+// bench/results/2026-11-30-fcb4a49-h200-decode-gemv-v1).
 template <typename T> T * to_device(const std::vector<T> & v) {
     T * d = nullptr;
     CHECK(cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T)));
     CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK(cudaDeviceSynchronize());
     return d;
 }
 

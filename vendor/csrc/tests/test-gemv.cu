@@ -463,6 +463,17 @@ int main(int argc, char ** argv) {
     add({ "bf16 129 rows, 2 tokens", 768, 2, { S{ BF16, 129 } } });
     add({ "q4_K 5 rows, 8 tokens", 256, 8, { S{ Q4, 5 } } });
     add({ "q5_K pack + q6_K/q8_0 GGUF, 3 tokens", 1024, 3, { S{ Q5, 300 }, S{ Q6, 70 }, S{ Q8, 9 }, S{ Q5, 3 } } });
+    // Packs of several direct-path segments that the planner splits over teams of warps (split > 1:
+    // the team barriers and partial sums, batches of different segments side by side).
+    add({ "shexp gate+up pack (teams of 2)", 2048, 1, { S{ Q4, 512 }, S{ Q4, 512 } } });
+    add({ "shexp gate+up pack, 5 tokens", 2048, 5, { S{ Q4, 512 }, S{ Q4, 512 } } });
+    add({ "q4_K pack 512 + 37 rows (teams of 8)", 2048, 1, { S{ Q4, 512 }, S{ Q4, 37 } } });
+    add({ "q4_K pack of 3, 3 tokens", 512, 3, { S{ Q4, 100 }, S{ Q4, 7 }, S{ Q4, 100 } } });
+    add({ "router + shexp gate (f32 pack)", 2048, 1, { S{ F32, 256 }, S{ F32, 1 } } });
+    add({ "router + shexp gate, 4 tokens", 2048, 4, { S{ F32, 256 }, S{ F32, 1 } } });
+    add({ "alpha + beta, both repacked", 2048, 1, { S{ Q8, 32, true }, S{ Q8, 32, true } } });
+    add({ "q6_K_R pack, 2 tokens", 2048, 2, { S{ Q6, 300, true }, S{ Q6, 77, true } } });
+    add({ "bf16 pack, 3 tokens, normed", 768, 3, { S{ BF16, 64 }, S{ BF16, 5 } }, true });
     {
         test_case c{ "shared + routed gate/up, 1 pack", 2048, 1,
                      { S{ Q4, 512 }, S{ Q4, 512 }, S{ Q4, 512, false, 12 }, S{ Q4, 512, false, 12 } } };
