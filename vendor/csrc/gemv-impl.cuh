@@ -733,6 +733,10 @@ static __device__ void gemv_prefetch_l2(const gemv_params & p, int batch, int sl
     }
 }
 
+// Chunks of 4 floats of x a thread loads before it uses them: the prologue's time is one L2 round
+// trip per group, not per chunk.
+static constexpr int kPrologueLoads = 4;
+
 // Every block: the experts' ids, then each input vector (RMS-normed when asked) as int8 with
 // per-32 scales and per-16 sums, and/or as float, into shared memory.
 static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
@@ -754,9 +758,17 @@ static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
         for (int v = 0; v < p.n_vec; ++v) {
             const float4 * x  = (const float4 *) (p.x + v * p.x_stride);
             float          ss = 0.0f;
-            for (int c = tid; c < k4; c += kThreads) {
-                const float4 xv = x[c];
-                ss += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
+            for (int c0 = tid; c0 < k4; c0 += kPrologueLoads * kThreads) {
+                float4 xv[kPrologueLoads];
+#pragma unroll
+                for (int j = 0; j < kPrologueLoads; ++j) {
+                    const int c = c0 + j * kThreads;
+                    xv[j]       = c < k4 ? x[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+#pragma unroll
+                for (int j = 0; j < kPrologueLoads; ++j) {
+                    ss += xv[j].x * xv[j].x + xv[j].y * xv[j].y + xv[j].z * xv[j].z + xv[j].w * xv[j].w;
+                }
             }
             for (int offset = 16; offset > 0; offset >>= 1) {
                 ss += __shfl_xor_sync(kFull, ss, offset);
@@ -768,45 +780,61 @@ static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
         __syncthreads();
     }
 
-    int8_t * xq = (int8_t *) (smem + p.smem_xq);
-    uint2 *  xm = (uint2 *) (smem + p.smem_xm);
-    float *  xf = (float *) (smem + p.smem_xf);
+    int8_t *  xq    = (int8_t *) (smem + p.smem_xq);
+    uint2 *   xm    = (uint2 *) (smem + p.smem_xm);
+    float *   xf    = (float *) (smem + p.smem_xf);
+    const int total = p.n_vec * k4;
     // 8 consecutive lanes hold the 32 values of one block (k4 is a multiple of 64, so a warp's
     // 32 chunks are all in range or all out, and never straddle two vectors).
-    for (int i = tid; i < p.n_vec * k4; i += kThreads) {
-        const int v = i / k4, c = i % k4;
-        float4    xv = ((const float4 *) (p.x + v * p.x_stride))[c];
-        if (p.norm != nullptr) {
-            float ss = 0.0f;
-            for (int w = 0; w < kWarps; ++w) {
-                ss += partial[w][v];
+    for (int i0 = tid; i0 < total; i0 += kPrologueLoads * kThreads) {
+        float4 xs[kPrologueLoads];
+#pragma unroll
+        for (int j = 0; j < kPrologueLoads; ++j) {
+            const int i = i0 + j * kThreads;
+            if (i < total) {
+                xs[j] = ((const float4 *) (p.x + (i / k4) * p.x_stride))[i % k4];
             }
-            const float  scale = rsqrtf(__fdiv_rn(ss, (float) p.k) + p.eps);
-            const float4 nv    = ((const float4 *) p.norm)[c];
-            xv                 = make_float4(xv.x * scale * nv.x, xv.y * scale * nv.y, xv.z * scale * nv.z,
-                                             xv.w * scale * nv.w);
         }
-        if (p.need_f32) {
-            ((float4 *) xf)[i] = xv;
-        }
-        if (p.need_q8) {
-            float amax = fmaxf(fmaxf(fabsf(xv.x), fabsf(xv.y)), fmaxf(fabsf(xv.z), fabsf(xv.w)));
-            for (int offset = 1; offset < 8; offset <<= 1) {
-                amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, offset));
+#pragma unroll
+        for (int j = 0; j < kPrologueLoads; ++j) {
+            const int i = i0 + j * kThreads;
+            if (i >= total) {
+                break;  // the same for the whole warp
             }
-            // Correctly rounded also under -use_fast_math (ggml-cuda's flags, which the overlay
-            // inherits): the rounding of x is the same in every build, the one the test checks.
-            const float d   = __fdiv_rn(amax, 127.0f);
-            const float inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-            const int   q0 = __float2int_rn(xv.x * inv), q1 = __float2int_rn(xv.y * inv);
-            const int   q2 = __float2int_rn(xv.z * inv), q3 = __float2int_rn(xv.w * inv);
-            ((int *) xq)[i] = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (q3 & 0xff) << 24;
-            int sum = q0 + q1 + q2 + q3;
-            sum += __shfl_xor_sync(kFull, sum, 1);
-            sum += __shfl_xor_sync(kFull, sum, 2);  // lanes 8m + 0..3: values 0..15 of the block, 8m + 4..7: 16..31
-            const int hi = __shfl_xor_sync(kFull, sum, 4);
-            if (lane % 8 == 0) {
-                xm[i / 8] = make_uint2(__float_as_uint(d), (uint32_t) (sum & 0xffff) | (uint32_t) hi << 16);
+            const int v = i / k4, c = i % k4;
+            float4    xv = xs[j];
+            if (p.norm != nullptr) {
+                float ss = 0.0f;
+                for (int w = 0; w < kWarps; ++w) {
+                    ss += partial[w][v];
+                }
+                const float  scale = rsqrtf(__fdiv_rn(ss, (float) p.k) + p.eps);
+                const float4 nv    = ((const float4 *) p.norm)[c];
+                xv                 = make_float4(xv.x * scale * nv.x, xv.y * scale * nv.y, xv.z * scale * nv.z,
+                                                 xv.w * scale * nv.w);
+            }
+            if (p.need_f32) {
+                ((float4 *) xf)[i] = xv;
+            }
+            if (p.need_q8) {
+                float amax = fmaxf(fmaxf(fabsf(xv.x), fabsf(xv.y)), fmaxf(fabsf(xv.z), fabsf(xv.w)));
+                for (int offset = 1; offset < 8; offset <<= 1) {
+                    amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, offset));
+                }
+                // Correctly rounded also under -use_fast_math (ggml-cuda's flags, which the overlay
+                // inherits): the rounding of x is the same in every build, the one the test checks.
+                const float d   = __fdiv_rn(amax, 127.0f);
+                const float inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+                const int   q0 = __float2int_rn(xv.x * inv), q1 = __float2int_rn(xv.y * inv);
+                const int   q2 = __float2int_rn(xv.z * inv), q3 = __float2int_rn(xv.w * inv);
+                ((int *) xq)[i] = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (q3 & 0xff) << 24;
+                int sum = q0 + q1 + q2 + q3;
+                sum += __shfl_xor_sync(kFull, sum, 1);
+                sum += __shfl_xor_sync(kFull, sum, 2);  // lanes 8m + 0..3: values 0..15 of the block, 8m + 4..7: 16..31
+                const int hi = __shfl_xor_sync(kFull, sum, 4);
+                if (lane % 8 == 0) {
+                    xm[i / 8] = make_uint2(__float_as_uint(d), (uint32_t) (sum & 0xffff) | (uint32_t) hi << 16);
+                }
             }
         }
     }
