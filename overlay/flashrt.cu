@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -62,6 +63,15 @@ static const flashrt_runtime_state & runtime() {
         return s;
     }();
     return state;
+}
+
+bool flashrt_window_enabled(const char * name) {
+    for (const flashrt_window_state & ws : runtime().windows) {
+        if (std::strcmp(ws.window->name, name) == 0) {
+            return ws.enabled;
+        }
+    }
+    return false;
 }
 
 // The enabled window that matches at node i for a device of compute capability cc, if any.

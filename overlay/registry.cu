@@ -4,6 +4,7 @@
 #include "windows/head.cuh"
 #include "windows/inproj.cuh"
 #include "windows/matvec.cuh"
+#include "windows/shexp-fold.cuh"
 #include "windows/shexp-gate.cuh"
 
 const char * const flashrt_miss_anchor = "anchor op";
@@ -21,6 +22,9 @@ static const flashrt_window flashrt_registry[] = {
     { "ATTNQKV", flashrt_tier::full, 900, flashrt_match_attnqkv, flashrt_run_attnqkv, flashrt_prepare_attnqkv,
       flashrt_run_claimed_attnqkv },
     { "HEAD", flashrt_tier::full, 900, flashrt_match_head, flashrt_run_head, flashrt_prepare_head, flashrt_run_claimed_head },
+    // Before MATVEC: at the experts' gate/up it takes the shared expert along (MATVEC leaves it).
+    { "SHEXP_FOLD", flashrt_tier::full, 900, flashrt_match_shexp_fold, flashrt_run_shexp_fold,
+      flashrt_prepare_shexp_fold },
     { "MATVEC", flashrt_tier::full, 900, flashrt_match_matvec, flashrt_run_matvec, flashrt_prepare_matvec },
 };
 

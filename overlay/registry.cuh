@@ -81,3 +81,7 @@ struct flashrt_window {
 
 // The registered windows, in the order they are tried at each node.
 const flashrt_window * flashrt_windows(int * n_windows);
+
+// Whether the window called `name` is on in this process (switches and tier; false when the layer
+// is disabled or no window has that name). For windows whose predicates leave nodes to another.
+bool flashrt_window_enabled(const char * name);

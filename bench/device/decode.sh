@@ -17,7 +17,7 @@ phase=${1:?usage: decode.sh check|profile|bench}
 . bench/device/lib.sh
 device_setup "decode-$phase"
 # The GEMV windows are tier full until this measurement puts them in safe: force them on.
-gemv_windows=(INPROJ ATTNQKV HEAD MATVEC)
+gemv_windows=(INPROJ ATTNQKV HEAD SHEXP_FOLD MATVEC)
 force_gemv() { for w in "${gemv_windows[@]}"; do export "FRT_${w}_SWAP=1"; done; }
 keep=/tmp/decode-keep   # survives between the phases' calls on a warm machine
 mkdir -p "$keep"

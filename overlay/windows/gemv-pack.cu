@@ -32,11 +32,18 @@ static const ggml_tensor * segment_input(const ggml_tensor * node) {
     return node->src[1];
 }
 
+// One token's input vector seen two ways: the experts' [k, 1, 1] view and the dense [k, 1] tensor.
+static bool same_vector(const ggml_tensor * a, const ggml_tensor * b) {
+    return a == b || (a->data == b->data && a->type == GGML_TYPE_F32 && b->type == GGML_TYPE_F32 &&
+                      a->ne[0] == b->ne[0] && ggml_nelements(a) == a->ne[0] && ggml_nelements(b) == b->ne[0] &&
+                      ggml_is_contiguous(a) && ggml_is_contiguous(b));
+}
+
 const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor * input) {
     if (mm->op != GGML_OP_MUL_MAT && mm->op != GGML_OP_MUL_MAT_ID) {
         return "a reader is not a matvec";
     }
-    if (mm->src[1] != input) {
+    if (!same_vector(mm->src[1], input) && mm->src[1] != input) {
         return "a matvec reads another input";
     }
     if ((mm->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
@@ -120,7 +127,10 @@ const char * flashrt_gemv_collect_all_consumers(const ggml_cgraph * cgraph, int 
     return nullptr;
 }
 
-const char * flashrt_gemv_collect_same_input(const ggml_cgraph * cgraph, int first, flashrt_gemv_pack & pack) {
+// The matvecs from node `first` on that read its input the same way, as many as fit (see
+// flashrt_gemv_fold for the dense readers of an expert matvec's vectors).
+static const char * collect_same_input(const ggml_cgraph * cgraph, int first, flashrt_gemv_fold fold,
+                                       flashrt_gemv_pack & pack) {
     const ggml_tensor * anchor = cgraph->nodes[first];
     if (anchor->op != GGML_OP_MUL_MAT && anchor->op != GGML_OP_MUL_MAT_ID) {
         return flashrt_miss_anchor;
@@ -129,14 +139,35 @@ const char * flashrt_gemv_collect_same_input(const ggml_cgraph * cgraph, int fir
     if (const char * miss = flashrt_gemv_segment_miss(anchor, input)) {
         return miss;
     }
+    const bool experts = is_expert_matvec(anchor);
+    if (fold == flashrt_gemv_fold::experts && (!experts || input->ne[1] != 1 || input->ne[2] != 1)) {
+        return "not the routed experts' matvec of one token's input";
+    }
     pack = flashrt_gemv_pack();
     pack.nodes[pack.n++] = first;
+    int folded = 0;
     const int end = std::min(cgraph->n_nodes, first + 1 + flashrt_gemv_lookahead);
     for (int j = first + 1; j < end && pack.n < FRT_GEMV_MAX_SEGMENTS; ++j) {
         const ggml_tensor * t = cgraph->nodes[j];
-        if (segment_input(t) == input && same_launch(t, anchor) && flashrt_gemv_segment_miss(t, input) == nullptr) {
-            pack.nodes[pack.n++] = j;
+        if (t->op != GGML_OP_MUL_MAT && t->op != GGML_OP_MUL_MAT_ID) {
+            continue;
         }
+        if (flashrt_gemv_segment_miss(t, input) != nullptr) {
+            continue;
+        }
+        const bool dense_reader_of_expert_vectors = !is_expert_matvec(t) && t->src[1] != input;
+        if (!experts && fold == flashrt_gemv_fold::leave && is_expert_matvec(t) && same_vector(t->src[1], input)) {
+            break;  // the dense matvecs after this one go with the experts (SHEXP_FOLD)
+        }
+        if (t->src[1] == input && same_launch(t, anchor)) {
+            pack.nodes[pack.n++] = j;
+        } else if (experts && fold == flashrt_gemv_fold::experts && dense_reader_of_expert_vectors) {
+            pack.nodes[pack.n++] = j;
+            ++folded;
+        }
+    }
+    if (fold == flashrt_gemv_fold::experts && folded == 0) {
+        return "no dense matvec of the experts' input after them (no shared expert to fold)";
     }
     return nullptr;
 }
@@ -375,19 +406,25 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
     return nullptr;
 }
 
-const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack) {
-    if (const char * miss = flashrt_gemv_collect_same_input(cgraph, i, pack)) {
+const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_fold fold,
+                                           flashrt_gemv_pack & pack) {
+    if (const char * miss = collect_same_input(cgraph, i, fold, pack)) {
         return miss;
     }
     // Later readers whose memory is lent out until their turn run there, in their own launch.
     const ggml_tensor * input = segment_input(cgraph->nodes[i]);
     flashrt_gemv_pack safe;
+    int folded = 0;
     for (int p = 0; p < pack.n; ++p) {
         if (flashrt_gemv_early_safe(cgraph, i, pack, p, input)) {
+            folded += is_expert_matvec(cgraph->nodes[pack.nodes[p]]) ? 0 : 1;
             safe.nodes[safe.n++] = pack.nodes[p];
         } else if (p == 0) {
             return "memory: the output overlaps the input or a weight";
         }
+    }
+    if (fold == flashrt_gemv_fold::experts && folded == 0) {
+        return "memory: the shared expert's outputs are lent out until their turn";
     }
     pack = safe;
     return kernel_miss(cgraph, pack);

@@ -33,9 +33,6 @@ const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor
 // (MUL_MAT with src[1] == value); fills `pack`. nullptr on success, else why not.
 const char * flashrt_gemv_collect_all_consumers(const ggml_cgraph * cgraph, int value, flashrt_gemv_pack & pack);
 
-// The dense MUL_MATs from node `first` on that read the same src[1] as node `first` (which must
-// be one), as many as fit; nullptr on success, else why not.
-const char * flashrt_gemv_collect_same_input(const ggml_cgraph * cgraph, int first, flashrt_gemv_pack & pack);
 
 // Whether pack node p can be computed at node `run_at`: nothing in between may read or write its
 // memory, which the allocator may lend out until it is computed, and it must not overlap the
@@ -66,9 +63,18 @@ void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgrap
 // value a dense matvec (the norm runs in the kernel's prologue). nullptr on a hit, else why not.
 const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack);
 
+// How a same-input pack treats dense matvecs that read the vectors of a routed-experts matvec (the
+// shared expert's gate and up read the FFN input that the experts' gate and up read).
+enum class flashrt_gemv_fold {
+    none,     // they form packs of their own, wherever they are
+    leave,    // a dense pack stops before them (SHEXP_FOLD takes them with the experts)
+    experts,  // an expert pack at node i takes them (SHEXP_FOLD); it must take at least one
+};
+
 // The pack of matvecs at node i (MUL_MAT or MUL_MAT_ID) and the later ones reading the same input
 // the same way. nullptr on a hit, else why not.
-const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack);
+const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_fold fold,
+                                           flashrt_gemv_pack & pack);
 
 // Whether any weight of the pack has a name containing one of `parts` (llama.cpp's GGUF tensor
 // names, e.g. "attn_qkv"): how the norm-fed windows tell a layer's projections apart.

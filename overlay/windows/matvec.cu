@@ -3,7 +3,10 @@
 
 flashrt_match flashrt_match_matvec(const ggml_cgraph * cgraph, int i) {
     flashrt_gemv_pack pack;
-    if (const char * miss = flashrt_gemv_match_same_input(cgraph, i, pack)) {
+    // With SHEXP_FOLD on, the shared expert's matvecs wait for the experts' launch.
+    const flashrt_gemv_fold fold =
+        flashrt_window_enabled("SHEXP_FOLD") ? flashrt_gemv_fold::leave : flashrt_gemv_fold::none;
+    if (const char * miss = flashrt_gemv_match_same_input(cgraph, i, fold, pack)) {
         return flashrt_miss(miss);
     }
     return flashrt_gemv_match(pack, i, 1);
