@@ -28,28 +28,54 @@ static constexpr int kMaxRps    = 4;     // rows of a row group: lpr >= 8 (every
 static constexpr unsigned kFull = 0xffffffffu;
 
 // Items a lane loads before it computes: as many as fit in 128 registers without spilling
-// (sm_90a, ptxas 13.0; `-Xptxas -v` shows 0 bytes spilled for every instance), fewer with more
+// (sm_90a, ptxas 13.0: `-Xptxas -v` shows 0 bytes spilled for every instance), fewer with more
 // tokens (each token has its accumulator and its x in flight).
 static constexpr __host__ __device__ int gemv_items_in_flight(int type, int tokens_max) {
     if (tokens_max <= 2) {
         switch (type) {
             case FRT_GEMV_Q4_K:   return 8;  // at most 8: one shared header a lane of 8 (gemv_direct_batch)
             case FRT_GEMV_Q5_K:   return 4;
-            case FRT_GEMV_Q6_K_R: return 5;
-            case FRT_GEMV_Q8_0_R: return 6;
+            case FRT_GEMV_Q6_K_R: return 4;  // rows of 2^n items use 4 of 5 or 6 anyway (lanes a row: 2^n)
+            case FRT_GEMV_Q8_0_R: return 4;
             case FRT_GEMV_F32:    return 12;
             default:              return 10;  // F16, BF16
         }
     }
+    if (tokens_max <= 4) {
+        switch (type) {
+            case FRT_GEMV_Q4_K: return 8;
+            case FRT_GEMV_Q5_K:
+            case FRT_GEMV_Q6_K_R: return 3;
+            case FRT_GEMV_F32:
+            case FRT_GEMV_F16:
+            case FRT_GEMV_BF16: return 8;
+            default:            return 4;
+        }
+    }
+    // 8 tokens: the unrolled token loops take the registers (sm_120a spills 4-12 bytes in the Q6_K_R,
+    // Q8_0_R and BF16 instances whatever their U; sm_90a none).
     switch (type) {
-        case FRT_GEMV_Q4_K:   return tokens_max <= 4 ? 8 : 4;  // 8 spills 88 bytes on sm_120a at 8 tokens
-        case FRT_GEMV_Q5_K:
-        case FRT_GEMV_Q6_K_R: return 3;  // 4 spills 8 bytes on sm_120a at 8 tokens
+        case FRT_GEMV_Q4_K: return 4;
         case FRT_GEMV_F32:
         case FRT_GEMV_F16:
         case FRT_GEMV_BF16: return 8;
-        default:            return 4;
+        default:            return 2;
     }
+}
+
+// 16-byte and 4-byte words of a direct-path item (the traits' kWords, kSmall), and the bytes of a
+// warp's preload buffer for its first chunk (gemv_direct_preload).
+static constexpr __host__ __device__ int gemv_item_words(int type) {
+    return type == FRT_GEMV_Q5_K || type == FRT_GEMV_Q6_K_R || type == FRT_GEMV_Q8_0_R ? 2 : 1;
+}
+
+static constexpr __host__ __device__ int gemv_item_smalls(int type) {
+    return type == FRT_GEMV_Q6_K_R ? 2 : type == FRT_GEMV_Q8_0_R ? 1 : 0;
+}
+
+static constexpr __host__ __device__ int gemv_preload_bytes(int type, int tokens_max) {
+    return (gemv_items_in_flight(type, tokens_max) * gemv_item_words(type) + 1) * 512 +
+           gemv_items_in_flight(type, tokens_max) * gemv_item_smalls(type) * 128;
 }
 
 // ---- plan: what the host computes once per launch, read by every warp ----
@@ -81,7 +107,9 @@ struct gemv_params {
     int           n_segments, split, total_batches;
     int           need_q8, need_f32;
     int           n_ids;
-    int           smem_ids, smem_xm, smem_xq, smem_xf, smem_team, smem_stage, stage_bytes;
+    int           smem_ids, smem_xm, smem_xq, smem_xf, smem_team, smem_stage;
+    int           stage_bytes;  // a warp's buffer: staged rows, and the preloaded first chunk
+    int           preload;      // the buffer holds a direct type's first chunk (gemv_direct_preload)
     gemv_seg_plan seg[FRT_GEMV_MAX_SEGMENTS];
 };
 
@@ -245,6 +273,24 @@ static __device__ __forceinline__ void gemv_q8_dot(uint4 qa, uint4 qb, float d, 
     }
 }
 
+// ---- shared-memory copies (cp.async: no registers while in flight) ----
+
+static __device__ __forceinline__ void gemv_cp_async16(uint8_t * dst, const uint8_t * src, int src_bytes) {
+    const unsigned dst_shared = (unsigned) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst_shared), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void gemv_cp_async4(uint8_t * dst, const uint8_t * src) {
+    const unsigned dst_shared = (unsigned) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst_shared), "l"(src) : "memory");
+}
+
+// Waits for this thread's copies (each thread reads back only what it copied).
+static __device__ __forceinline__ void gemv_cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
 // ---- direct path: one type's item loads and products ----
 
 template <int TYPE> struct gemv_direct;
@@ -252,13 +298,21 @@ template <int TYPE> struct gemv_direct;
 // kSharedHead: the bytes of a block whose first 16 bytes (d, dmin, scales) the 8 lanes of a block
 // share: each lane loads one block's header and the others come by shuffle (gemv_direct_batch),
 // 4 registers an item fewer. 0: no shared header.
+// An item is kWords 16-byte words and kSmall 4-byte words (holding its 2-byte fields) at word()
+// and small(); from() makes it of them (the preload of a warp's first chunk copies those words to
+// shared memory before the kernel waits for its predecessor).
 template <> struct gemv_direct<FRT_GEMV_Q4_K> {
-    static constexpr int kSharedHead = 144;
+    static constexpr int kSharedHead = 144, kWords = 1, kSmall = 0;
     struct item {
         uint4 qs;
     };
-    static __device__ __forceinline__ item load(const uint8_t * row, int it, int /*k*/) {
-        return { gemv_ldg16(row + 144 * (it >> 3) + 16 + 16 * (it & 7)) };
+    static __device__ __forceinline__ const uint8_t * word(const uint8_t * row, int it, int /*k*/, int /*i*/) {
+        return row + 144 * (it >> 3) + 16 + 16 * (it & 7);
+    }
+    static __device__ __forceinline__ const uint8_t * small(const uint8_t * row, int, int, int) { return row; }
+    static __device__ __forceinline__ item from(const uint4 * w, const uint32_t *, int, int) { return { w[0] }; }
+    static __device__ __forceinline__ item load(const uint8_t * row, int it, int k) {
+        return { gemv_ldg16(word(row, it, k, 0)) };
     }
     template <int T>
     static __device__ __forceinline__ void dot(const item & w, uint4 head, int it, bool swap, const gemv_x & x, int nt,
@@ -278,14 +332,19 @@ template <> struct gemv_direct<FRT_GEMV_Q4_K> {
 };
 
 template <> struct gemv_direct<FRT_GEMV_Q5_K> {
-    static constexpr int kSharedHead = 176;
+    static constexpr int kSharedHead = 176, kWords = 2, kSmall = 0;
     struct item {
         uint4 qh, qs;
     };
-    static __device__ __forceinline__ item load(const uint8_t * row, int it, int /*k*/) {
+    static __device__ __forceinline__ const uint8_t * word(const uint8_t * row, int it, int /*k*/, int i) {
         const uint8_t * blk = row + 176 * (it >> 3);
         const int       q   = it & 7;
-        return { gemv_ldg16(blk + 16 + 16 * (q & 1)), gemv_ldg16(blk + 48 + 16 * q) };
+        return i == 0 ? blk + 16 + 16 * (q & 1) : blk + 48 + 16 * q;
+    }
+    static __device__ __forceinline__ const uint8_t * small(const uint8_t * row, int, int, int) { return row; }
+    static __device__ __forceinline__ item from(const uint4 * w, const uint32_t *, int, int) { return { w[0], w[1] }; }
+    static __device__ __forceinline__ item load(const uint8_t * row, int it, int k) {
+        return { gemv_ldg16(word(row, it, k, 0)), gemv_ldg16(word(row, it, k, 1)) };
     }
     template <int T>
     static __device__ __forceinline__ void dot(const item & w, uint4 head, int it, bool swap, const gemv_x & x, int nt,
@@ -307,11 +366,23 @@ template <> struct gemv_direct<FRT_GEMV_Q5_K> {
 };
 
 template <> struct gemv_direct<FRT_GEMV_Q6_K_R> {
-    static constexpr int kSharedHead = 0;
+    static constexpr int kSharedHead = 0, kWords = 2, kSmall = 2;
     struct item {
         uint4    ql, qh;
         uint32_t sc, d;
     };
+    static __device__ __forceinline__ const uint8_t * word(const uint8_t * row, int it, int /*k*/, int i) {
+        const int       q   = it & 7;
+        const uint8_t * blk = row + 208 * (it >> 3);
+        return i == 0 ? blk + 16 * q : blk + 128 + 16 * (2 * (q >> 2) + (q & 1));
+    }
+    // The 4-byte words holding the item's scale pair and its block's d (rows are 16-byte aligned).
+    static __device__ __forceinline__ const uint8_t * small(const uint8_t * row, int it, int k, int i) {
+        return i == 0 ? row + 208 * (it >> 3) + 192 + 4 * ((it & 7) >> 1) : row + 208 * (k / 256) + 4 * ((it >> 3) >> 1);
+    }
+    static __device__ __forceinline__ item from(const uint4 * w, const uint32_t * sm, int it, int /*k*/) {
+        return { w[0], w[1], (sm[0] >> (16 * (it & 1))) & 0xffff, (sm[1] >> (16 * ((it >> 3) & 1))) & 0xffff };
+    }
     static __device__ __forceinline__ item load(const uint8_t * row, int it, int k) {
         const int       b = it >> 3, q = it & 7;
         const uint8_t * blk = row + 208 * b;
@@ -327,11 +398,20 @@ template <> struct gemv_direct<FRT_GEMV_Q6_K_R> {
 };
 
 template <> struct gemv_direct<FRT_GEMV_Q8_0_R> {
-    static constexpr int kSharedHead = 0;
+    static constexpr int kSharedHead = 0, kWords = 2, kSmall = 1;
     struct item {
         uint4    qa, qb;
         uint32_t d;
     };
+    static __device__ __forceinline__ const uint8_t * word(const uint8_t * row, int it, int /*k*/, int i) {
+        return row + 32 * it + 16 * i;
+    }
+    static __device__ __forceinline__ const uint8_t * small(const uint8_t * row, int it, int k, int /*i*/) {
+        return row + k + 4 * (it >> 1);
+    }
+    static __device__ __forceinline__ item from(const uint4 * w, const uint32_t * sm, int it, int /*k*/) {
+        return { w[0], w[1], (sm[0] >> (16 * (it & 1))) & 0xffff };
+    }
     static __device__ __forceinline__ item load(const uint8_t * row, int it, int k) {
         return { gemv_ldg16(row + 32 * it), gemv_ldg16(row + 32 * it + 16), gemv_ldg_u16(row + k + 2 * it) };
     }
@@ -343,10 +423,16 @@ template <> struct gemv_direct<FRT_GEMV_Q8_0_R> {
 };
 
 template <> struct gemv_direct<FRT_GEMV_F32> {
-    static constexpr int kSharedHead = 0;
+    static constexpr int kSharedHead = 0, kWords = 1, kSmall = 0;
     struct item {
         float4 w;
     };
+    static __device__ __forceinline__ const uint8_t * word(const uint8_t * row, int it, int, int) { return row + 16 * it; }
+    static __device__ __forceinline__ const uint8_t * small(const uint8_t * row, int, int, int) { return row; }
+    static __device__ __forceinline__ item from(const uint4 * w, const uint32_t *, int, int) {
+        return { make_float4(__uint_as_float(w[0].x), __uint_as_float(w[0].y), __uint_as_float(w[0].z),
+                             __uint_as_float(w[0].w)) };
+    }
     static __device__ __forceinline__ item load(const uint8_t * row, int it, int /*k*/) {
         return { __ldg((const float4 *) row + it) };
     }
@@ -365,10 +451,13 @@ template <> struct gemv_direct<FRT_GEMV_F32> {
 
 // F16 and BF16: 8 weights an item, x in two float4 runs.
 template <bool BF16> struct gemv_direct_half {
-    static constexpr int kSharedHead = 0;
+    static constexpr int kSharedHead = 0, kWords = 1, kSmall = 0;
     struct item {
         uint4 w;
     };
+    static __device__ __forceinline__ const uint8_t * word(const uint8_t * row, int it, int, int) { return row + 16 * it; }
+    static __device__ __forceinline__ const uint8_t * small(const uint8_t * row, int, int, int) { return row; }
+    static __device__ __forceinline__ item from(const uint4 * w, const uint32_t *, int, int) { return { w[0] }; }
     static __device__ __forceinline__ item load(const uint8_t * row, int it, int /*k*/) {
         return { gemv_ldg16(row + 16 * it) };
     }
@@ -454,13 +543,59 @@ static __device__ __forceinline__ void gemv_flush(const gemv_batch & c, int sub,
     gemv_team_sync(c);  // the slots are written again by the next row group
 }
 
+// Where a lane's words of its first chunk go in its warp's preload buffer (gemv_preload_bytes):
+// 16-byte words of item u at ((u * kWords + i) * 32 + lane) * 16, then the shared header, then the
+// 4-byte words at ((u * kSmall + i) * 32 + lane) * 4: conflict-free reads back.
+static __device__ __forceinline__ int gemv_pre_word(int u, int i, int words, int lane) {
+    return ((u * words + i) * 32 + lane) * 16;
+}
+
+static __device__ __forceinline__ int gemv_pre_small(int u, int i, int U, int words, int smalls, int lane) {
+    return (U * words + 1) * 512 + ((u * smalls + i) * 32 + lane) * 4;
+}
+
+// Before the kernel's wait (weights are not written by earlier kernels): copies the first chunk
+// of this warp's first batch into its buffer; gemv_direct_batch reads it back after the prologue,
+// so the weights' latency overlaps the previous kernel's tail and the prologue, with no register
+// held meanwhile.
+template <int TYPE, int T>
+static __device__ __forceinline__ void gemv_direct_preload(const gemv_batch & c, int lane, uint8_t * buf) {
+    using tr        = gemv_direct<TYPE>;
+    constexpr int U = gemv_items_in_flight(TYPE, T);
+    static_assert(tr::kWords == gemv_item_words(TYPE) && tr::kSmall == gemv_item_smalls(TYPE), "preload layout");
+    const int       li = lane % c.lpr, row = c.row0 + lane / c.lpr;
+    const bool      row_ok = row < c.rows;
+    const uint8_t * w      = c.w + (int64_t) (row_ok ? row : c.row0) * c.row_stride;
+    if constexpr (tr::kSharedHead > 0) {
+        const int bh = ((li & 7) * c.split + c.slice) * (c.lpr / 8) + (li >> 3);
+        if (row_ok && (li & 7) < U && (li & 7) < c.ipl && bh < c.units_per_row / 8) {
+            gemv_cp_async16(buf + gemv_pre_word(U, 0, tr::kWords, lane), w + tr::kSharedHead * bh, 16);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int it = (u * c.split + c.slice) * c.lpr + li;
+        if (row_ok && u < c.ipl && it < c.units_per_row) {
+#pragma unroll
+            for (int i = 0; i < tr::kWords; ++i) {
+                gemv_cp_async16(buf + gemv_pre_word(u, i, tr::kWords, lane), tr::word(w, it, c.k, i), 16);
+            }
+#pragma unroll
+            for (int i = 0; i < tr::kSmall; ++i) {
+                gemv_cp_async4(buf + gemv_pre_small(u, i, U, tr::kWords, tr::kSmall, lane), tr::small(w, it, c.k, i));
+            }
+        }
+    }
+}
+
 // A row group of a direct-path type: lane li of row `sub` multiplies items (j * split + slice) *
 // lpr + li of its row, U of them loaded at once, then one flush. lpr is chosen so that a lane's
-// items of a row fill U where the row is long enough.
+// items of a row fill U where the row is long enough. pre: this warp's preload buffer holding the
+// first chunk (gemv_direct_preload), or nullptr.
 template <int TYPE, int T>
-static __device__ __forceinline__ void gemv_direct_batch(const gemv_batch & c, int lane) {
-    using tr          = gemv_direct<TYPE>;
-    constexpr int U   = gemv_items_in_flight(TYPE, T);
+static __device__ __forceinline__ void gemv_direct_batch(const gemv_batch & c, int lane, const uint8_t * pre) {
+    using tr         = gemv_direct<TYPE>;
+    constexpr int U  = gemv_items_in_flight(TYPE, T);
     const int     sub = lane / c.lpr, li = lane % c.lpr;
     const bool    swap   = lane & 4;
     const int     row    = c.row0 + sub;
@@ -476,19 +611,43 @@ static __device__ __forceinline__ void gemv_direct_batch(const gemv_batch & c, i
         // Shared headers: the 8 lanes of a block group (same row, same block for each item u) load
         // the header of item u's block in lane u of the group.
         uint4 head = make_uint4(0, 0, 0, 0);
-        if constexpr (tr::kSharedHead > 0) {
-            static_assert(U <= 8, "one shared header a lane of an 8-lane group");
-            const int jh = j0 + (li & 7);
-            const int bh = (jh * c.split + c.slice) * (c.lpr / 8) + (li >> 3);
-            if (row_ok && (li & 7) < U && jh < c.ipl && bh < c.units_per_row / 8) {
-                head = gemv_ldg16(w + tr::kSharedHead * bh);
+        if (pre != nullptr && j0 == 0) {
+            gemv_cp_async_wait_all();
+            if constexpr (tr::kSharedHead > 0) {
+                head = *(const uint4 *) (pre + gemv_pre_word(U, 0, tr::kWords, lane));
             }
-        }
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int it = ((j0 + u) * c.split + c.slice) * c.lpr + li;
-            if (row_ok && j0 + u < c.ipl && it < c.units_per_row) {
-                items[u] = tr::load(w, it, c.k);
+            for (int u = 0; u < U; ++u) {
+                const int it = (u * c.split + c.slice) * c.lpr + li;
+                if (row_ok && u < c.ipl && it < c.units_per_row) {
+                    uint4    words[tr::kWords];
+                    uint32_t smalls[tr::kSmall > 0 ? tr::kSmall : 1];
+#pragma unroll
+                    for (int i = 0; i < tr::kWords; ++i) {
+                        words[i] = *(const uint4 *) (pre + gemv_pre_word(u, i, tr::kWords, lane));
+                    }
+#pragma unroll
+                    for (int i = 0; i < tr::kSmall; ++i) {
+                        smalls[i] = *(const uint32_t *) (pre + gemv_pre_small(u, i, U, tr::kWords, tr::kSmall, lane));
+                    }
+                    items[u] = tr::from(words, smalls, it, c.k);
+                }
+            }
+        } else {
+            if constexpr (tr::kSharedHead > 0) {
+                static_assert(U <= 8, "one shared header a lane of an 8-lane group");
+                const int jh = j0 + (li & 7);
+                const int bh = (jh * c.split + c.slice) * (c.lpr / 8) + (li >> 3);
+                if (row_ok && (li & 7) < U && jh < c.ipl && bh < c.units_per_row / 8) {
+                    head = gemv_ldg16(w + tr::kSharedHead * bh);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int it = ((j0 + u) * c.split + c.slice) * c.lpr + li;
+                if (row_ok && j0 + u < c.ipl && it < c.units_per_row) {
+                    items[u] = tr::load(w, it, c.k);
+                }
             }
         }
 #pragma unroll
@@ -509,16 +668,6 @@ static __device__ __forceinline__ void gemv_direct_batch(const gemv_batch & c, i
 }
 
 // ---- staged path (GGUF Q6_K, Q8_0) ----
-
-static __device__ __forceinline__ void gemv_cp_async16(uint8_t * dst, const uint8_t * src, int src_bytes) {
-    const unsigned dst_shared = (unsigned) __cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst_shared), "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-
-static __device__ __forceinline__ void gemv_cp_async_wait_all() {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-}
 
 // 16 bytes from shared memory at p, which is 4-byte aligned (ODD2 = false) or 2 bytes past a
 // multiple of 4 (ODD2 = true).
@@ -843,6 +992,56 @@ static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
 // One direct-path type an instance (DIRECT, or -1 for none): all direct types in one kernel make
 // ptxas spill in the hot loops; one direct type plus the staged path does not. The other segments
 // of a launch are staged (GGUF Q6_K/Q8_0, and Q6_K_R/Q8_0_R when DIRECT is another type).
+// The batch `batch` (of segment s) as this warp takes it. expert: the matrix of an expert slot, read
+// from the table the prologue puts in shared memory (so only after it); -1 for a dense segment.
+template <int T>
+static __device__ __forceinline__ gemv_batch gemv_batch_of(const gemv_params & p, const gemv_seg_plan & s, int batch,
+                                                           int team, int slice, const uint8_t * smem, int & expert) {
+    const int  local = batch - s.batch_begin;
+    const int  inst  = local / s.batches_per_inst;
+    gemv_batch c;
+    c.w               = s.w;
+    c.row_stride      = s.row_stride;
+    c.rows            = s.rows;
+    c.row0            = (local - inst * s.batches_per_inst) * s.rows_per_batch;
+    c.nrows           = s.rows_per_batch;
+    c.k               = p.k;
+    c.units_per_row   = s.units_per_row;
+    c.lpr             = s.lpr;
+    c.ipl             = s.ipl;
+    c.split           = p.split;
+    c.slice           = slice;
+    c.nt              = p.tokens;
+    c.out             = s.out;
+    c.out_stride      = s.out_stride;
+    c.residual        = s.residual;
+    c.residual_stride = s.residual_stride;
+    c.epilogue        = s.epilogue;
+    c.team            = (float *) (smem + p.smem_team) + team * kMaxSplit * kMaxRps * T;
+    c.team_barrier    = 1 + team;
+    int vec           = 0;
+    expert            = -1;
+    if (s.ids != nullptr) {
+        const int t = inst / s.n_used, j = inst % s.n_used;
+        expert      = ((const int32_t *) (smem + p.smem_ids))[s.ids_smem + inst];
+        vec         = t * p.x_per_token + (p.x_per_token == 1 ? 0 : j);
+        c.nt        = 1;
+        c.out += inst * s.out_stride;
+        if (c.residual != nullptr) {
+            c.residual += inst * s.residual_stride;
+        }
+        c.w += (int64_t) expert * s.expert_stride;
+    }
+    c.x.k = p.k;
+    c.x.q = (const int8_t *) (smem + p.smem_xq) + vec * p.k;
+    c.x.m = (const uint2 *) (smem + p.smem_xm) + vec * (p.k / 32);
+    c.x.f = (const float *) (smem + p.smem_xf) + vec * p.k;
+    return c;
+}
+
+// One direct-path type an instance (DIRECT, or -1 for none): all direct types in one kernel make
+// ptxas spill in the hot loops; one direct type plus the staged path does not. The other segments
+// of a launch are staged (GGUF Q6_K/Q8_0, and Q6_K_R/Q8_0_R when DIRECT is another type).
 template <int DIRECT, int T>
 __launch_bounds__(kThreads, 2) static __global__ void frt_gemv_kernel(const __grid_constant__ gemv_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -850,74 +1049,50 @@ __launch_bounds__(kThreads, 2) static __global__ void frt_gemv_kernel(const __gr
     const int team = warp / p.split, slice = warp % p.split;
     const int teams_per_block = kWarps / p.split;
     const int first = blockIdx.x * teams_per_block + team, n_teams = gridDim.x * teams_per_block;
+    uint8_t * buf   = smem + p.smem_stage + warp * p.stage_bytes;  // staging and the preload
 
+    // Before the wait for the previous kernel (weights are not written by kernels): the first
+    // chunk of a dense direct first batch into this warp's buffer, else the batch into L2.
+    bool preloaded = false;
     if (first < p.total_batches) {
-        gemv_prefetch_l2(p, first, slice, lane);
+        const gemv_seg_plan & s = p.seg[gemv_segment_of(p, first)];
+        if constexpr (DIRECT >= 0) {
+            if (p.preload && !s.staged && s.ids == nullptr) {
+                int expert;
+                gemv_direct_preload<DIRECT, T>(gemv_batch_of<T>(p, s, first, team, slice, smem, expert), lane, buf);
+                preloaded = true;
+            }
+        }
+        if (!preloaded) {
+            gemv_prefetch_l2(p, first, slice, lane);
+        }
     }
     frt_pdl_wait();
     gemv_prologue(p, smem);
     __syncthreads();
     frt_pdl_launch_dependents();
 
-    const int32_t * ids = (const int32_t *) (smem + p.smem_ids);
     for (int batch = first; batch < p.total_batches; batch += n_teams) {
-        const gemv_seg_plan & s     = p.seg[gemv_segment_of(p, batch)];
-        const int             local = batch - s.batch_begin;
-        const int             inst  = local / s.batches_per_inst;
-        gemv_batch            c;
-        c.w               = s.w;
-        c.row_stride      = s.row_stride;
-        c.rows            = s.rows;
-        c.row0            = (local - inst * s.batches_per_inst) * s.rows_per_batch;
-        c.nrows           = s.rows_per_batch;
-        c.k               = p.k;
-        c.units_per_row   = s.units_per_row;
-        c.lpr             = s.lpr;
-        c.ipl             = s.ipl;
-        c.split           = p.split;
-        c.slice           = slice;
-        c.nt              = p.tokens;
-        c.out             = s.out;
-        c.out_stride      = s.out_stride;
-        c.residual        = s.residual;
-        c.residual_stride = s.residual_stride;
-        c.epilogue        = s.epilogue;
-        c.team            = (float *) (smem + p.smem_team) + team * kMaxSplit * kMaxRps * T;
-        c.team_barrier    = 1 + team;
-        int vec           = 0;
-        if (s.ids != nullptr) {
-            const int t = inst / s.n_used, j = inst % s.n_used;
-            const int e = ids[s.ids_smem + inst];
-            vec         = t * p.x_per_token + (p.x_per_token == 1 ? 0 : j);
-            c.nt        = 1;
-            c.out += inst * s.out_stride;
-            if (c.residual != nullptr) {
-                c.residual += inst * s.residual_stride;
+        const gemv_seg_plan & s = p.seg[gemv_segment_of(p, batch)];
+        int                   expert;
+        const gemv_batch      c = gemv_batch_of<T>(p, s, batch, team, slice, smem, expert);
+        if (s.ids != nullptr && (expert < 0 || expert >= s.n_experts)) {
+            // No matrix to read: the rows of this slot become NaN, visibly.
+            const int row1 = min(c.row0 + c.nrows, c.rows);
+            for (int row = c.row0 + lane; row < row1 && slice == 0; row += 32) {
+                c.out[row] = __int_as_float(0x7fffffff);
             }
-            if (e < 0 || e >= s.n_experts) {
-                // No matrix to read: the rows of this slot become NaN, visibly.
-                const int row1 = min(c.row0 + c.nrows, c.rows);
-                for (int row = c.row0 + lane; row < row1 && slice == 0; row += 32) {
-                    c.out[row] = __int_as_float(0x7fffffff);
-                }
-                continue;
-            }
-            c.w += e * s.expert_stride;
+            continue;
         }
-        c.x.k = p.k;
-        c.x.q = (const int8_t *) (smem + p.smem_xq) + vec * p.k;
-        c.x.m = (const uint2 *) (smem + p.smem_xm) + vec * (p.k / 32);
-        c.x.f = (const float *) (smem + p.smem_xf) + vec * p.k;
-        uint8_t * stage = smem + p.smem_stage + warp * p.stage_bytes;
         if (s.staged) {
             switch (s.type) {
-                case FRT_GEMV_Q6_K:   gemv_staged_batch<FRT_GEMV_Q6_K, T>(c, stage, s.row_bytes, lane); break;
-                case FRT_GEMV_Q8_0:   gemv_staged_batch<FRT_GEMV_Q8_0, T>(c, stage, s.row_bytes, lane); break;
-                case FRT_GEMV_Q6_K_R: gemv_staged_batch<FRT_GEMV_Q6_K_R, T>(c, stage, s.row_bytes, lane); break;
-                default:              gemv_staged_batch<FRT_GEMV_Q8_0_R, T>(c, stage, s.row_bytes, lane); break;
+                case FRT_GEMV_Q6_K:   gemv_staged_batch<FRT_GEMV_Q6_K, T>(c, buf, s.row_bytes, lane); break;
+                case FRT_GEMV_Q8_0:   gemv_staged_batch<FRT_GEMV_Q8_0, T>(c, buf, s.row_bytes, lane); break;
+                case FRT_GEMV_Q6_K_R: gemv_staged_batch<FRT_GEMV_Q6_K_R, T>(c, buf, s.row_bytes, lane); break;
+                default:              gemv_staged_batch<FRT_GEMV_Q8_0_R, T>(c, buf, s.row_bytes, lane); break;
             }
         } else if constexpr (DIRECT >= 0) {
-            gemv_direct_batch<DIRECT, T>(c, lane);
+            gemv_direct_batch<DIRECT, T>(c, lane, preloaded && batch == first ? buf : nullptr);
         }
     }
 }

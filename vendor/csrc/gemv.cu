@@ -308,7 +308,23 @@ const char * frt_gemv_plan(const frt_gemv_args & a, int warps_available, gemv_pa
         batches += q.n_inst * q.batches_per_inst;
     }
     p.total_batches = batches;
-    smem            = gemv_layout(a, p.split, tokens_max, stage_bytes, p);
+    // The preload of dense direct segments' first chunks shares the warps' buffers with staging;
+    // without room for it, those chunks are prefetched into L2 instead.
+    bool dense_direct = false;
+    for (int i = 0; i < a.n_segments; ++i) {
+        dense_direct = dense_direct || (a.seg[i].type == direct && a.seg[i].ids == nullptr);
+    }
+    if (dense_direct) {
+        const int with_preload = std::max(stage_bytes, gemv_preload_bytes(direct, tokens_max));
+        smem                   = gemv_layout(a, p.split, tokens_max, with_preload, p);
+        if (smem <= kMaxSmem) {
+            p.preload     = 1;
+            p.stage_bytes = with_preload;
+            return nullptr;
+        }
+    }
+    p.preload = 0;
+    smem      = gemv_layout(a, p.split, tokens_max, stage_bytes, p);
     if (smem > kMaxSmem) {
         return "frt_gemv: the inputs do not fit in shared memory (fewer tokens, or a smaller k with float weights)";
     }
