@@ -17,7 +17,7 @@
 // - Bytes in flight ("direct" path): a 16-byte item is what one lane multiplies at a time, 32
 //   weights (quantized) or 4/8 (F32/F16/BF16). The lanes of a warp take consecutive items of a row
 //   (coalesced 16-byte loads), 8, 16 or 32 lanes a row so that each lane's items of the row fill
-//   U loads (U = 3..12 by type and tokens, what 128 registers hold without spilling). Q4_K/Q5_K
+//   U loads (U = 2..12 by type and tokens, what 128 registers hold without spilling). Q4_K/Q5_K
 //   block headers (d, dmin, scales) are loaded once per 8 lanes and passed on by shuffle, so a
 //   Q4_K lane holds 8 items. Warps loop over row groups (grid = SMs x 2 blocks of 8 warps, x
 //   quantized once per block): ~55-75 KB in flight per SM (Little: 33 GB/s per SM x ~0.8 us =
@@ -26,7 +26,9 @@
 //   for the warps, S = 2..8 warps of a block (a "team") split each row and add their partial sums
 //   in shared memory in a fixed order, so the grid still covers the SMs.
 // - Before waiting for the previous kernel (programmatic dependent launch, pdl.cuh) each warp
-//   prefetches its first row group of dense weights into L2; ids and x are read after the wait.
+//   copies the first chunk of its first dense row group into its shared-memory buffer (cp.async,
+//   no registers held) and reads it back after the x prologue, so the weights' latency overlaps
+//   it; other first batches are prefetched into L2. ids and x are read after the wait.
 // - Layouts. Q4_K (144 B/256) and Q5_K (176 B/256) blocks are 16-byte aligned: read in place.
 //   Q6_K (210 B) and Q8_0 (34 B) blocks are only 2-byte aligned. Dense matrices use a repacked
 //   layout (FRT_GEMV_Q6_K_R / Q8_0_R, written by frt_gemv_repack; the same bytes in another order,
