@@ -23,6 +23,24 @@ static frt_gemv_type gemv_type_of(ggml_type type) {
     }
 }
 
+// One launch multiplies one of these "direct" types; Q6_K and Q8_0 join any launch (gemv.cuh).
+static bool is_direct_type(ggml_type type) {
+    return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 || type == GGML_TYPE_Q4_K ||
+           type == GGML_TYPE_Q5_K;
+}
+
+// Whether `w` can join a launch whose direct type so far is *direct (GGML_TYPE_COUNT: none yet);
+// takes its type as the launch's when it is the first direct one.
+static bool joins_launch(const ggml_tensor * w, ggml_type * direct) {
+    if (!is_direct_type(w->type)) {
+        return true;
+    }
+    if (*direct == GGML_TYPE_COUNT) {
+        *direct = w->type;
+    }
+    return *direct == w->type;
+}
+
 static bool is_expert_matvec(const ggml_tensor * t) {
     return t->op == GGML_OP_MUL_MAT_ID;
 }
@@ -145,6 +163,8 @@ static const char * collect_same_input(const ggml_cgraph * cgraph, int first, fl
     }
     pack = flashrt_gemv_pack();
     pack.nodes[pack.n++] = first;
+    ggml_type direct = GGML_TYPE_COUNT;
+    joins_launch(anchor->src[0], &direct);
     int folded = 0;
     const int end = std::min(cgraph->n_nodes, first + 1 + flashrt_gemv_lookahead);
     for (int j = first + 1; j < end && pack.n < FRT_GEMV_MAX_SEGMENTS; ++j) {
@@ -159,10 +179,16 @@ static const char * collect_same_input(const ggml_cgraph * cgraph, int first, fl
         if (!experts && fold == flashrt_gemv_fold::leave && is_expert_matvec(t) && same_vector(t->src[1], input)) {
             break;  // the dense matvecs after this one go with the experts (SHEXP_FOLD)
         }
+        ggml_type direct_if_joined = direct;
+        if (!joins_launch(t->src[0], &direct_if_joined)) {
+            continue;  // another direct type: a launch of its own, at its own node
+        }
         if (t->src[1] == input && same_launch(t, anchor)) {
             pack.nodes[pack.n++] = j;
+            direct = direct_if_joined;
         } else if (experts && fold == flashrt_gemv_fold::experts && dense_reader_of_expert_vectors) {
             pack.nodes[pack.n++] = j;
+            direct = direct_if_joined;
             ++folded;
         }
     }
@@ -321,15 +347,28 @@ static void fill_args(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgrap
 }
 
 // What the kernel itself refuses (alignment, shared memory), asked with the GGUF layout.
+// What the kernel refuses of the launch at the anchor and of each launch of one node (there).
 static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack) {
-    // Asked for the pack as one launch: a launch of a subset needs no more of the kernel.
-    flashrt_gemv_pack all = pack;
-    for (int p = 0; p < all.n; ++p) {
-        all.there[p] = false;
-    }
     frt_gemv_args a;
-    fill_args(nullptr, cgraph, all, a);
-    return frt_gemv_unsupported(a);
+    fill_args(nullptr, cgraph, pack, a);
+    if (a.n_segments > 0) {
+        if (const char * miss = frt_gemv_unsupported(a)) {
+            return miss;
+        }
+    }
+    for (int p = 0; p < pack.n; ++p) {
+        if (!pack.there[p]) {
+            continue;
+        }
+        flashrt_gemv_pack one;
+        one.norm = pack.norm;
+        one.nodes[one.n++] = pack.nodes[p];
+        fill_args(nullptr, cgraph, one, a);
+        if (const char * miss = frt_gemv_unsupported(a)) {
+            return miss;
+        }
+    }
+    return nullptr;
 }
 
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
@@ -388,22 +427,25 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
         return miss;
     }
     pack.norm = i;
-    if (const char * miss = kernel_miss(cgraph, pack)) {
-        return miss;
-    }
+    ggml_type direct = GGML_TYPE_COUNT;
     for (int p = 0; p < pack.n; ++p) {
-        if (!late_for_test() && flashrt_gemv_early_safe(cgraph, i, pack, p, x)) {
+        const ggml_tensor * w = cgraph->nodes[pack.nodes[p]]->src[0];
+        ggml_type direct_if_joined = direct;
+        const bool joins = joins_launch(w, &direct_if_joined);
+        if (joins && !late_for_test() && flashrt_gemv_early_safe(cgraph, i, pack, p, x)) {
+            direct = direct_if_joined;
             continue;
         }
-        // Its memory is lent out until its turn: compute it there, if the norm's inputs last.
         const ggml_tensor * out = cgraph->nodes[pack.nodes[p]];
+        // Another direct type than the launch's, or its memory is lent out until its turn: compute
+        // it there, if the norm's inputs last.
         if (flashrt_overlaps(out, x) || flashrt_overlaps(out, weight) ||
             !norm_inputs_intact(cgraph, i + 2, pack.nodes[p], x, weight)) {
-            return "memory: a matvec's output is lent out and the norm's input does not last until it";
+            return "memory: a matvec runs apart and the norm's input does not last until it";
         }
         pack.there[p] = true;
     }
-    return nullptr;
+    return kernel_miss(cgraph, pack);
 }
 
 const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_fold fold,
