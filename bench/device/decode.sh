@@ -3,7 +3,8 @@
 # period (the build directory stays between them):
 #   check    build (flashrt: test-backend-ops, llama-bench, llama-completion) while the vendor kernel
 #            tests and gemv-bench run; then the FlashRT test-backend-ops cases REPEAT times in a row
-#            (default 10), every window forced on
+#            (default 10), every window forced on. GEMV=0 skips the kernel tests and gemv-bench,
+#            GEMV_ARGS passes options to gemv-bench (e.g. "--tokens 1"), GEMV_LAB=0 skips its lab
 #   profile  the synthetic qwen36 GGUF; gemv-stock (stock ggml-cuda per matvec shape, joined with
 #            gemv-bench's table); cargo xtask profile, stock vs the overlay with the GEMV windows on
 #   bench    cargo xtask bench --rounds 3 (tg128, pp512, tg128@d8192), the GEMV windows on; parity
@@ -38,7 +39,8 @@ check)
     # Vendor tests and gemv-bench meanwhile (nvcc, their own binaries): bench/device/gemv.sh.
     # GEMV=0 skips them (a run that only checks the overlay).
     if [ "${GEMV:-1}" != 0 ]; then
-        if OUT=$out/gemv bash bench/device/gemv.sh > "$out/gemv.log" 2>&1; then r=ok; else r=FAILED; fi
+        # shellcheck disable=SC2086  # GEMV_ARGS: gemv-bench options (e.g. --tokens 1)
+        if OUT=$out/gemv bash bench/device/gemv.sh ${GEMV_ARGS:-} > "$out/gemv.log" 2>&1; then r=ok; else r=FAILED; fi
         cat "$out/gemv/summary.txt" >> "$out/summary.txt" || true
         say "vendor tests + gemv-bench: $r"
         cp "$out/gemv/gemv-bench.jsonl" "$keep/gemv-ours.jsonl" 2>/dev/null || true

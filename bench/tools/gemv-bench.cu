@@ -138,6 +138,7 @@ struct seg_data {
 };
 
 struct result {
+    std::string        impl;
     const shape_spec * shape;
     int                tokens, launches, copies;
     int64_t            bytes;
@@ -389,7 +390,7 @@ result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int repla
     CHECK(cudaFree(d_x));
     CHECK(cudaFree(d_norm));
     CHECK(cudaFree(d_ids));
-    return { &s, tokens, launches, copies, bytes, tm.median, tm.least, tm.most };
+    return { "", &s, tokens, launches, copies, bytes, tm.median, tm.least, tm.most };
 }
 
 std::string type_label(const shape_spec & s) {
@@ -623,7 +624,11 @@ void run_lab(std::FILE * out, const std::vector<std::string> & only, const std::
                 launcher    launch;
                 bool        checked;
             };
-            std::vector<impl> impls = { { "v1", frt_gemv, true } };
+            std::vector<impl> impls = { { "v1",
+                                          [](const frt_gemv_args & a, cudaStream_t st) {
+                                              return frt_gemv(a, st, FRT_GEMV_KERNEL_REGISTERS);
+                                          },
+                                          true } };
             for (const lab_variant * v : variants) {
                 lab::kernel_facts f;
                 if ((t > 1 && !v->tokens) || !v->facts(type, 0, f)) {
@@ -831,20 +836,33 @@ int main(int argc, char ** argv) {
         }
         shape_weights weights = make_weights(s, stream_mib, rng, stream);
         for (int t : tokens) {
-            const result r   = run_shape(s, weights, t, replays, graph_ms, rng, stream, frt_gemv, true, "frt_gemv");
-            const double floor_us  = r.bytes / (kReadTbps * 1e6);
-            const double budget_us = r.bytes / (0.7 * kReadTbps * 1e6) + 1.5;
-            std::fprintf(out,
-                         "{\"impl\":\"frt\",\"shape\":\"%s\",\"out\":%d,\"in\":%d,\"type\":\"%s\",\"tokens\":%d,"
-                         "\"experts\":%d,\"bytes\":%" PRId64 ",\"us_median\":%.3f,\"us_min\":%.3f,\"us_max\":%.3f,"
-                         "\"floor_us\":%.3f,\"budget_us\":%.3f,\"tbps\":%.3f,\"pass\":%s,\"launches\":%d,"
-                         "\"copies\":%d}\n",
-                         s.name, out_rows(s), s.k, type_label(s).c_str(), t, s.segs[0].experts ? kUsed : 1, r.bytes,
-                         r.us_median, r.us_min, r.us_max, floor_us, budget_us, r.bytes / r.us_median / 1e6,
-                         r.us_median <= budget_us ? "true" : "false", r.launches, r.copies);
-            std::fflush(out);
-            std::fprintf(stderr, "gemv-bench: %s, %d tokens: %.2f us\n", s.name, t, r.us_median);
-            results.push_back(r);
+            // "frt": what frt_gemv picks (the bulk kernel at 1 token); "frt-regs": the register
+            // kernel beside it at 1 token.
+            for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_AUTO, FRT_GEMV_KERNEL_REGISTERS }) {
+                if (kernel == FRT_GEMV_KERNEL_REGISTERS && t != 1) {
+                    continue;
+                }
+                const std::string impl = kernel == FRT_GEMV_KERNEL_AUTO ? "frt" : "frt-regs";
+                result            r    = run_shape(
+                    s, weights, t, replays, graph_ms, rng, stream,
+                    [kernel](const frt_gemv_args & a, cudaStream_t st) { return frt_gemv(a, st, kernel); }, true,
+                    "frt_gemv (" + impl + ")");
+                r.impl                 = impl;
+                const double floor_us  = r.bytes / (kReadTbps * 1e6);
+                const double budget_us = r.bytes / (0.7 * kReadTbps * 1e6) + 1.5;
+                std::fprintf(out,
+                             "{\"impl\":\"%s\",\"shape\":\"%s\",\"out\":%d,\"in\":%d,\"type\":\"%s\",\"tokens\":%d,"
+                             "\"experts\":%d,\"bytes\":%" PRId64 ",\"us_median\":%.3f,\"us_min\":%.3f,\"us_max\":%.3f,"
+                             "\"floor_us\":%.3f,\"budget_us\":%.3f,\"tbps\":%.3f,\"pass\":%s,\"launches\":%d,"
+                             "\"copies\":%d}\n",
+                             impl.c_str(), s.name, out_rows(s), s.k, type_label(s).c_str(), t,
+                             s.segs[0].experts ? kUsed : 1, r.bytes, r.us_median, r.us_min, r.us_max, floor_us,
+                             budget_us, r.bytes / r.us_median / 1e6, r.us_median <= budget_us ? "true" : "false",
+                             r.launches, r.copies);
+                std::fflush(out);
+                std::fprintf(stderr, "gemv-bench: %s %s, %d tokens: %.2f us\n", impl.c_str(), s.name, t, r.us_median);
+                results.push_back(r);
+            }
         }
         CHECK(cudaFree(weights.pool));
     }
@@ -853,8 +871,8 @@ int main(int argc, char ** argv) {
     std::printf("%s, frt_gemv from CUDA graphs, median of %d replays; floor = bytes / %.2f TB/s, "
                 "budget = bytes / (0.7 x %.2f TB/s) + 1.5 us\n\n",
                 prop.name, replays, kReadTbps, kReadTbps);
-    std::printf("| shape | tokens | out x in | type | MB | us | min-max | floor us | budget us | TB/s | pass |\n");
-    std::printf("|---|---:|---|---|---:|---:|---|---:|---:|---:|---|\n");
+    std::printf("| shape | impl | tokens | out x in | type | MB | us | min-max | floor us | budget us | TB/s | pass |\n");
+    std::printf("|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---|\n");
     int failed = 0;
     for (const result & r : results) {
         const shape_spec & s         = *r.shape;
@@ -862,8 +880,8 @@ int main(int argc, char ** argv) {
         const double       budget_us = r.bytes / (0.7 * kReadTbps * 1e6) + 1.5;
         const bool         pass      = r.us_median <= budget_us;
         failed += pass ? 0 : 1;
-        std::printf("| %s | %d | %d%s x %d | %s | %.2f | %.2f | %.2f-%.2f | %.2f | %.2f | %.2f | %s |\n", s.name,
-                    r.tokens, out_rows(s), s.segs[0].experts ? " (x8)" : "", s.k, type_label(s).c_str(), r.bytes / 1e6,
+        std::printf("| %s | %s | %d | %d%s x %d | %s | %.2f | %.2f | %.2f-%.2f | %.2f | %.2f | %.2f | %s |\n", s.name,
+                    r.impl.c_str(), r.tokens, out_rows(s), s.segs[0].experts ? " (x8)" : "", s.k, type_label(s).c_str(), r.bytes / 1e6,
                     r.us_median, r.us_min, r.us_max, floor_us, budget_us, r.bytes / r.us_median / 1e6,
                     pass ? "pass" : "FAIL");
     }

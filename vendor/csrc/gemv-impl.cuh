@@ -886,32 +886,34 @@ static __device__ void gemv_prefetch_l2(const gemv_params & p, int batch, int sl
 // trip per group, not per chunk.
 static constexpr int kPrologueLoads = 4;
 
-// Every block: the experts' ids, then each input vector (RMS-normed when asked) as int8 with
-// per-32 scales and per-16 sums, and/or as float, into shared memory.
-static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
-    const int tid  = threadIdx.x;
-    const int lane = tid % 32, warp = tid / 32;
-    int32_t * ids  = (int32_t *) (smem + p.smem_ids);
-    for (int si = 0; si < p.n_segments; ++si) {
-        const gemv_seg_plan & s = p.seg[si];
-        if (s.ids != nullptr) {
-            for (int i = tid; i < s.n_inst; i += kThreads) {
-                ids[s.ids_smem + i] = s.ids[(i / s.n_used) * s.ids_stride + i % s.n_used];
-            }
-        }
-    }
+// The input vectors x_v = x + v * x_stride (v < n_vec <= 8 with a norm), RMS-normed when norm is
+// set, into shared memory: as int8 with per-32 scales and per-16 sums (need_q8: xq, xm) and/or as
+// float (need_f32: xf). Run by THREADS threads (tid < THREADS) of the block; ends with their
+// values written but no barrier after them.
+struct gemv_x_in {
+    const float * x;
+    const float * norm;
+    int64_t       x_stride;
+    float         eps;
+    int           k, n_vec, need_q8, need_f32;
+};
 
-    const int k4 = p.k / 4;
-    __shared__ float partial[kWarps][FRT_GEMV_MAX_TOKENS];  // sums of squares (norm: n_vec <= 8)
+template <int THREADS>
+static __device__ void gemv_prologue_x(const gemv_x_in & p, int8_t * xq, uint2 * xm, float * xf, int tid,
+                                       int barrier) {
+    constexpr int kW   = THREADS / 32;
+    const int     lane = tid % 32, warp = tid / 32;
+    const int     k4   = p.k / 4;
+    __shared__ float partial[kW][FRT_GEMV_MAX_TOKENS];  // sums of squares (norm: n_vec <= 8)
     if (p.norm != nullptr) {
         for (int v = 0; v < p.n_vec; ++v) {
             const float4 * x  = (const float4 *) (p.x + v * p.x_stride);
             float          ss = 0.0f;
-            for (int c0 = tid; c0 < k4; c0 += kPrologueLoads * kThreads) {
+            for (int c0 = tid; c0 < k4; c0 += kPrologueLoads * THREADS) {
                 float4 xv[kPrologueLoads];
 #pragma unroll
                 for (int j = 0; j < kPrologueLoads; ++j) {
-                    const int c = c0 + j * kThreads;
+                    const int c = c0 + j * THREADS;
                     xv[j]       = c < k4 ? x[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
 #pragma unroll
@@ -926,27 +928,26 @@ static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
                 partial[warp][v] = ss;
             }
         }
-        __syncthreads();
+#if defined(__CUDA_ARCH__)
+        asm volatile("bar.sync %0, %1;" ::"r"(barrier), "r"(THREADS) : "memory");
+#endif
     }
 
-    int8_t *  xq    = (int8_t *) (smem + p.smem_xq);
-    uint2 *   xm    = (uint2 *) (smem + p.smem_xm);
-    float *   xf    = (float *) (smem + p.smem_xf);
     const int total = p.n_vec * k4;
     // 8 consecutive lanes hold the 32 values of one block (k4 is a multiple of 64, so a warp's
     // 32 chunks are all in range or all out, and never straddle two vectors).
-    for (int i0 = tid; i0 < total; i0 += kPrologueLoads * kThreads) {
+    for (int i0 = tid; i0 < total; i0 += kPrologueLoads * THREADS) {
         float4 xs[kPrologueLoads];
 #pragma unroll
         for (int j = 0; j < kPrologueLoads; ++j) {
-            const int i = i0 + j * kThreads;
+            const int i = i0 + j * THREADS;
             if (i < total) {
                 xs[j] = ((const float4 *) (p.x + (i / k4) * p.x_stride))[i % k4];
             }
         }
 #pragma unroll
         for (int j = 0; j < kPrologueLoads; ++j) {
-            const int i = i0 + j * kThreads;
+            const int i = i0 + j * THREADS;
             if (i >= total) {
                 break;  // the same for the whole warp
             }
@@ -954,7 +955,7 @@ static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
             float4    xv = xs[j];
             if (p.norm != nullptr) {
                 float ss = 0.0f;
-                for (int w = 0; w < kWarps; ++w) {
+                for (int w = 0; w < kW; ++w) {
                     ss += partial[w][v];
                 }
                 const float  scale = rsqrtf(__fdiv_rn(ss, (float) p.k) + p.eps);
@@ -987,6 +988,23 @@ static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
             }
         }
     }
+}
+
+// Every block: the experts' ids, then the input vectors (gemv_prologue_x).
+static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
+    const int tid = threadIdx.x;
+    int32_t * ids = (int32_t *) (smem + p.smem_ids);
+    for (int si = 0; si < p.n_segments; ++si) {
+        const gemv_seg_plan & s = p.seg[si];
+        if (s.ids != nullptr) {
+            for (int i = tid; i < s.n_inst; i += kThreads) {
+                ids[s.ids_smem + i] = s.ids[(i / s.n_used) * s.ids_stride + i % s.n_used];
+            }
+        }
+    }
+    const gemv_x_in in = { p.x, p.norm, p.x_stride, p.eps, p.k, p.n_vec, p.need_q8, p.need_f32 };
+    gemv_prologue_x<kThreads>(in, (int8_t *) (smem + p.smem_xq), (uint2 *) (smem + p.smem_xm),
+                              (float *) (smem + p.smem_xf), tid, 0);
 }
 
 // One direct-path type an instance (DIRECT, or -1 for none): all direct types in one kernel make
@@ -1043,7 +1061,8 @@ static __device__ __forceinline__ gemv_batch gemv_batch_of(const gemv_params & p
 // ptxas spill in the hot loops; one direct type plus the staged path does not. The other segments
 // of a launch are staged (GGUF Q6_K/Q8_0, and Q6_K_R/Q8_0_R when DIRECT is another type).
 template <int DIRECT, int T>
-__launch_bounds__(kThreads, 2) static __global__ void frt_gemv_kernel(const __grid_constant__ gemv_params p) {
+__launch_bounds__(kThreads, 2) static __global__ void frt_gemv_registers_kernel(
+    const __grid_constant__ gemv_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int team = warp / p.split, slice = warp % p.split;
@@ -1109,7 +1128,7 @@ const char * frt_gemv_plan(const frt_gemv_args & a, int warps_available, gemv_pa
 
 // What a launch needs to know of a device, asked once per device (gemv.cu).
 struct gemv_device {
-    int sms, smem_per_sm, smem_reserved;
+    int sms, smem_per_sm, smem_reserved, smem_optin, cc_major;
 };
 cudaError_t frt_gemv_device_info(int device, gemv_device & info);
 
@@ -1119,7 +1138,8 @@ template <int DIRECT, int T> static cudaError_t gemv_allow_smem(int device) {
     static std::once_flag once[kMaxDevices];
     static cudaError_t    result[kMaxDevices];
     const auto set = [] {
-        return cudaFuncSetAttribute(frt_gemv_kernel<DIRECT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
+        return cudaFuncSetAttribute(frt_gemv_registers_kernel<DIRECT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kMaxSmem);
     };
     if (device < 0 || device >= kMaxDevices) {
         return set();
@@ -1150,7 +1170,7 @@ template <int DIRECT, int T> static cudaError_t gemv_launch(const frt_gemv_args 
     const int per_sm = std::max(1, std::min(2, dev.smem_per_sm / (smem + kStaticSmem + dev.smem_reserved)));
     const int teams_per_block = kWarps / p.split;
     const int blocks = std::min((p.total_batches + teams_per_block - 1) / teams_per_block, dev.sms * per_sm);
-    return frt_launch(frt_gemv_kernel<DIRECT, T>, dim3(blocks), dim3(kThreads), (size_t) smem, stream, p);
+    return frt_launch(frt_gemv_registers_kernel<DIRECT, T>, dim3(blocks), dim3(kThreads), (size_t) smem, stream, p);
 }
 
 // The instance for launches of up to T tokens whose direct-path type is `direct` (-1: none).

@@ -1,3 +1,4 @@
+#include "gemv-bulk.cuh"
 #include "gemv-impl.cuh"
 
 #include <algorithm>
@@ -183,7 +184,7 @@ static const char * gemv_check(const frt_gemv_args & a, int & stage_bytes, int &
     return nullptr;
 }
 
-const char * frt_gemv_unsupported(const frt_gemv_args & a) {
+static const char * gemv_registers_unsupported(const frt_gemv_args & a) {
     gemv_params p;
     int         stage_bytes = 0, direct = -1;
     if (const char * why = gemv_check(a, stage_bytes, direct, p)) {
@@ -193,6 +194,150 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a) {
     if (gemv_layout(a, kMaxSplit, gemv_tokens_max(a.tokens), stage_bytes, p) > kMaxSmem) {
         return "frt_gemv: the inputs do not fit in shared memory (fewer tokens, or a smaller k with float weights)";
     }
+    return nullptr;
+}
+
+static const char * gemv_bulk_unsupported(const frt_gemv_args & a) {
+    int         device = 0;
+    gemv_device dev;
+    if (cudaGetDevice(&device) != cudaSuccess || frt_gemv_device_info(device, dev) != cudaSuccess) {
+        return "frt_gemv: no CUDA device";
+    }
+    if (dev.cc_major < 9) {
+        return "frt_gemv: the bulk kernel needs sm_90 or newer";
+    }
+    bulk_params p;
+    int         smem = 0;
+    return frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem);
+}
+
+const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
+    switch (kernel) {
+        case FRT_GEMV_KERNEL_REGISTERS: return gemv_registers_unsupported(a);
+        case FRT_GEMV_KERNEL_BULK:      return gemv_bulk_unsupported(a);
+        case FRT_GEMV_KERNEL_AUTO:      break;
+        default:                        return "frt_gemv: unknown kernel";
+    }
+    const char * bulk = gemv_bulk_unsupported(a);
+    if (bulk == nullptr) {
+        return nullptr;
+    }
+    // Taken by the register kernel, or refused by both: then its reason (it takes the most).
+    return gemv_registers_unsupported(a);
+}
+
+// The bulk kernel's plan: which rows each stage holds, how the items of a row spread over lanes.
+const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, bulk_params & p, int & smem) {
+    if (a.k <= 0 || a.k % 256 != 0) {
+        return "frt_gemv: k must be a positive multiple of 256";
+    }
+    if (a.tokens != 1) {
+        return "frt_gemv: the bulk kernel takes 1 token";
+    }
+    if (a.n_segments < 1 || a.n_segments > FRT_GEMV_MAX_SEGMENTS) {
+        return "frt_gemv: 1 to 8 segments";
+    }
+    if (a.x == nullptr || !gemv_aligned16(a.x) || a.x_stride % 4 != 0 || a.x_stride < a.k) {
+        return "frt_gemv: x must be 16-byte aligned with a stride of k or more, a multiple of 4";
+    }
+    if (a.norm != nullptr && !gemv_aligned16(a.norm)) {
+        return "frt_gemv: norm must be 16-byte aligned";
+    }
+    if (a.x_per_token < 1 || a.x_per_token > FRT_GEMV_MAX_SLOTS) {
+        return "frt_gemv: x_per_token must be 1 or the experts a token";
+    }
+    if (a.norm != nullptr && a.x_per_token > FRT_GEMV_MAX_TOKENS) {
+        return "frt_gemv: the RMS norm prologue takes at most 8 input vectors";
+    }
+    p.x          = { a.x, a.norm, a.x_stride, a.eps, a.k, a.x_per_token, 0, 0 };
+    p.n_segments = a.n_segments;
+    int64_t bytes = 0;
+    for (int i = 0; i < a.n_segments; ++i) {
+        const frt_gemv_segment & s = a.seg[i];
+        bulk_seg &               q = p.seg[i];
+        if (s.type < 0 || s.type >= FRT_GEMV_TYPE_COUNT) {
+            return "frt_gemv: unknown weight type";
+        }
+        if (s.w == nullptr || !gemv_aligned16(s.w) || s.out == nullptr || s.rows < 1) {
+            return "frt_gemv: a segment needs 16-byte aligned weights, an output and rows >= 1";
+        }
+        if (s.epilogue != FRT_GEMV_STORE && (s.epilogue != FRT_GEMV_ADD || s.residual == nullptr)) {
+            return "frt_gemv: unknown epilogue, or FRT_GEMV_ADD without a residual";
+        }
+        const int64_t row_bytes = frt_gemv_row_bytes(s.type, a.k);
+        q.staged                = s.type == FRT_GEMV_Q6_K || s.type == FRT_GEMV_Q8_0;
+        if (q.staged ? s.row_stride != row_bytes || (int64_t) s.rows * row_bytes % 16 != 0
+                     : s.row_stride < row_bytes || s.row_stride % 16 != 0) {
+            return "frt_gemv: row stride: GGUF Q6_K/Q8_0 rows must be contiguous and the matrix a multiple of 16 "
+                   "bytes, the others' rows a multiple of 16 bytes no smaller than the row";
+        }
+        if (s.ids != nullptr) {
+            if (s.n_used < 1 || s.n_used > FRT_GEMV_MAX_SLOTS || s.n_experts < 1 || s.expert_stride % 16 != 0 ||
+                (a.x_per_token != 1 && a.x_per_token != s.n_used)) {
+                return "frt_gemv: experts: 1 <= n_used <= 64, n_experts >= 1, expert stride a multiple of 16, "
+                       "x_per_token 1 or n_used";
+            }
+        } else if (a.x_per_token != 1) {
+            return "frt_gemv: a dense segment reads one input a token (x_per_token == 1)";
+        }
+        if (gemv_quantized(s.type)) {
+            p.x.need_q8 = 1;
+        } else {
+            p.x.need_f32 = 1;
+        }
+        q.w               = (const uint8_t *) s.w;
+        q.out             = s.out;
+        q.residual        = s.residual;
+        q.ids             = s.ids;
+        q.row_stride      = s.row_stride;
+        q.out_stride      = s.out_stride;
+        q.residual_stride = s.residual_stride;
+        q.ids_stride      = s.ids_stride;
+        q.expert_stride   = s.expert_stride;
+        q.type            = s.type;
+        q.rows            = s.rows;
+        q.epilogue        = s.epilogue;
+        q.n_used          = s.n_used;
+        q.n_experts       = s.n_experts;
+        q.n_inst          = s.ids ? s.n_used : 1;
+        q.x_per_token     = a.x_per_token;
+        q.quantum         = 1;
+        while (q.quantum * s.row_stride % 16 != 0) {
+            ++q.quantum;
+        }
+        if (q.quantum * s.row_stride > kBulkStage) {
+            return "frt_gemv: the bulk kernel's stage (16 KB) holds no row of this matrix";
+        }
+        q.chunk_rows    = (int) (kBulkStage / (q.quantum * s.row_stride)) * q.quantum;
+        q.units         = (s.rows + q.quantum - 1) / q.quantum;
+        q.inst_bytes    = (int64_t) s.rows * s.row_stride;
+        q.bytes_begin   = bytes;
+        bytes += q.n_inst * q.inst_bytes;
+        q.units_per_row = gemv_units_per_row(s.type, a.k);
+        q.lpr           = q.units_per_row >= 32 ? 32 : q.units_per_row >= 16 ? 16 : 8;
+        q.ipl           = (q.units_per_row + q.lpr - 1) / q.lpr;
+    }
+    p.total_bytes = bytes;
+    auto take     = [](int & at, int64_t n) {
+        const int start = at;
+        at += (int) ((n + 127) / 128 * 128);
+        return start;
+    };
+    const int64_t n_vec = a.x_per_token;
+    int           at    = 0;
+    p.smem_xm           = take(at, p.x.need_q8 ? 8 * n_vec * (a.k / 32) : 0);
+    p.smem_xq           = take(at, p.x.need_q8 ? n_vec * a.k : 0);
+    p.smem_xf           = take(at, p.x.need_f32 ? 4 * n_vec * a.k : 0);
+    p.smem_stage        = at;
+    // Stages: what a block's share of the bytes needs (all of it in flight before the wait for the
+    // previous kernel when it fits), at most what shared memory holds.
+    const int     pitch = kBulkStage + kBulkSlack;
+    const int64_t want  = (bytes / std::max(sms, 1) + kBulkStage - 1) / kBulkStage + 2;
+    p.stages = (int) std::min<int64_t>({ want, kBulkMaxStages, (smem_optin - at) / pitch });
+    if (p.stages < 2) {
+        return "frt_gemv: the inputs leave the bulk kernel too little shared memory";
+    }
+    smem = at + p.stages * pitch;
     return nullptr;
 }
 
@@ -340,6 +485,12 @@ cudaError_t frt_gemv_device_info(int device, gemv_device & info) {
         if (err == cudaSuccess) {
             err = cudaDeviceGetAttribute(&out.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, d);
         }
+        if (err == cudaSuccess) {
+            err = cudaDeviceGetAttribute(&out.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d);
+        }
+        if (err == cudaSuccess) {
+            err = cudaDeviceGetAttribute(&out.cc_major, cudaDevAttrComputeCapabilityMajor, d);
+        }
         return err;
     };
     if (device < 0 || device >= kMaxDevices) {
@@ -353,8 +504,14 @@ cudaError_t frt_gemv_device_info(int device, gemv_device & info) {
     return result[device];
 }
 
-cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream) {
-    if (frt_gemv_unsupported(args) != nullptr) {
+cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream, frt_gemv_kernel kernel) {
+    if (kernel == FRT_GEMV_KERNEL_BULK || (kernel == FRT_GEMV_KERNEL_AUTO && gemv_bulk_unsupported(args) == nullptr)) {
+        return frt_gemv_bulk_launch(args, stream);
+    }
+    if (kernel != FRT_GEMV_KERNEL_AUTO && kernel != FRT_GEMV_KERNEL_REGISTERS) {
+        return cudaErrorInvalidValue;
+    }
+    if (gemv_registers_unsupported(args) != nullptr) {
         return cudaErrorInvalidValue;
     }
     const int direct = gemv_direct_type(args);

@@ -109,18 +109,28 @@ struct frt_gemv_args {
     frt_gemv_segment seg[FRT_GEMV_MAX_SEGMENTS];
 };
 
-// nullptr when frt_gemv supports `args`; otherwise why not (the caller then runs its fallback).
-// Needs: k a positive multiple of 256; 1 <= tokens <= 8; 1 <= n_segments <= 8; at most one of
-// F32/F16/BF16/Q4_K/Q5_K among the segments; x, norm, weights and expert strides 16-byte aligned,
-// x_stride a multiple of 4, row strides multiples of 16 bytes (staged segments: exactly the row
-// size); dense segments only when x_per_token == 1; at most 64 expert slots a segment; x (normed,
-// quantized and, for float weights, in float) fitting in 99 KB of shared memory (8 tokens x
-// k = 4096 with float weights does not). out must not overlap x or w.
-const char * frt_gemv_unsupported(const frt_gemv_args & args);
+// Which kernel frt_gemv runs. AUTO: the bulk kernel where it takes the launch (1 token, sm_90
+// and newer), else the register kernel. The others are for tests and benchmarks.
+enum frt_gemv_kernel : int32_t {
+    FRT_GEMV_KERNEL_AUTO = 0,
+    FRT_GEMV_KERNEL_REGISTERS,  // weights loaded into registers; 1..8 tokens, any arch
+    FRT_GEMV_KERNEL_BULK,       // weights copied by the bulk-copy engine into shared memory; 1 token, sm_90+
+};
+
+// nullptr when frt_gemv supports `args` with `kernel` on the current device; otherwise why not
+// (the caller then runs its fallback). The register kernel needs: k a positive multiple of 256;
+// 1 <= tokens <= 8; 1 <= n_segments <= 8; at most one of F32/F16/BF16/Q4_K/Q5_K among the
+// segments; x, norm, weights and expert strides 16-byte aligned, x_stride a multiple of 4, row
+// strides multiples of 16 bytes (staged segments: exactly the row size); dense segments only when
+// x_per_token == 1; at most 64 expert slots a segment; x (normed, quantized and, for float
+// weights, in float) fitting in 99 KB of shared memory (8 tokens x k = 4096 with float weights
+// does not). The bulk kernel: the same but 1 token, any mix of types, and GGUF Q6_K/Q8_0
+// matrices of a multiple of 16 bytes. out must not overlap x or w.
+const char * frt_gemv_unsupported(const frt_gemv_args & args, frt_gemv_kernel kernel = FRT_GEMV_KERNEL_AUTO);
 
 // Launches on `stream` (capture-safe, programmatic dependent launch like ggml-cuda). Returns
-// cudaErrorInvalidValue when frt_gemv_unsupported(args) says why.
-cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream);
+// cudaErrorInvalidValue when frt_gemv_unsupported(args, kernel) says why.
+cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream, frt_gemv_kernel kernel = FRT_GEMV_KERNEL_AUTO);
 
 // The layout frt_gemv reads fastest for dense weights of GGUF type `type`: FRT_GEMV_Q6_K_R for
 // FRT_GEMV_Q6_K, FRT_GEMV_Q8_0_R for FRT_GEMV_Q8_0, `type` itself for the others.

@@ -52,6 +52,7 @@ struct test_case {
     bool                  x_per_slot  = false;  // down projections: one input vector a slot
     bool                  repeat_ids  = false;  // the same expert twice in a token and across tokens
     bool                  bad_id      = false;  // one slot's id out of range: its rows must be NaN
+    bool                  bulk_only   = false;  // several direct-path types: the register kernel refuses
 };
 
 template <typename T> T * upload(const std::vector<T> & v) {
@@ -80,8 +81,12 @@ struct segment_data {
     std::vector<float>   residual_host;
 };
 
-// Runs one case; returns true when every output is within its bounds.
-bool run_case(const test_case & tc, std::mt19937_64 & rng) {
+const char * kernel_name(frt_gemv_kernel kernel) {
+    return kernel == FRT_GEMV_KERNEL_BULK ? "bulk" : kernel == FRT_GEMV_KERNEL_REGISTERS ? "regs" : "auto";
+}
+
+// Runs one case with one kernel; returns true when every output is within its bounds.
+bool run_case(const test_case & tc, frt_gemv_kernel kernel, std::mt19937_64 & rng) {
     const int k = tc.k, T = tc.tokens;
     const int n_used = tc.n_used, slots = T * std::max(1, n_used);
     const int x_per_token = tc.x_per_slot ? n_used : 1;
@@ -215,11 +220,11 @@ bool run_case(const test_case & tc, std::mt19937_64 & rng) {
         }
     }
 
-    if (const char * why = frt_gemv_unsupported(args)) {
-        std::printf("FAIL %-34s refused: %s\n", tc.name.c_str(), why);
+    if (const char * why = frt_gemv_unsupported(args, kernel)) {
+        std::printf("FAIL %-34s %s refused: %s\n", tc.name.c_str(), kernel_name(kernel), why);
         return false;
     }
-    CHECK(frt_gemv(args, 0));
+    CHECK(frt_gemv(args, 0, kernel));
     CHECK(cudaDeviceSynchronize());
 
     // Reference, per input vector: float64 x (normed) and the kernel's int8 rounding of it.
@@ -306,8 +311,8 @@ bool run_case(const test_case & tc, std::mt19937_64 & rng) {
         }
     }
     const bool ok = bad == 0 && repack_ok;
-    std::printf("%-4s %-34s k=%5d tokens=%d outputs=%9" PRId64 "  err/bound: int8-rounded %.3f, exact %.3f\n",
-                ok ? "ok" : "FAIL", tc.name.c_str(), k, T, checked, worst_sharp, worst_exact);
+    std::printf("%-4s %-34s %s k=%5d tokens=%d outputs=%9" PRId64 "  err/bound: int8-rounded %.3f, exact %.3f\n",
+                ok ? "ok" : "FAIL", tc.name.c_str(), kernel_name(kernel), k, T, checked, worst_sharp, worst_exact);
 
     for (segment_data & sd : data) {
         for (void * p : sd.allocations) {
@@ -348,8 +353,9 @@ bool run_refusals() {
         return a;
     };
     struct refusal {
-        const char *                       what;
+        const char *                         what;
         std::function<void(frt_gemv_args &)> change;
+        frt_gemv_kernel                      kernel = FRT_GEMV_KERNEL_AUTO;  // the kernel that must refuse
     };
     const refusal cases[] = {
         { "k not a multiple of 256", [](frt_gemv_args & a) { a.k = 2048 + 32; } },
@@ -360,7 +366,20 @@ bool run_refusals() {
               a.seg[1]            = a.seg[0];
               a.seg[1].type       = FRT_GEMV_F32;
               a.seg[1].row_stride = frt_gemv_row_bytes(FRT_GEMV_F32, 2048);
-          } },
+          }, FRT_GEMV_KERNEL_REGISTERS },
+        { "2 tokens (bulk)", [](frt_gemv_args & a) { a.tokens = 2; }, FRT_GEMV_KERNEL_BULK },
+        { "Q6_K of 630 B x 37 rows (bulk)", [](frt_gemv_args & a) {
+              a.k                 = 768;
+              a.seg[0].type       = FRT_GEMV_Q6_K;
+              a.seg[0].rows       = 37;
+              a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K, 768);
+          }, FRT_GEMV_KERNEL_BULK },
+        { "F32 rows of 32 KB (bulk)", [](frt_gemv_args & a) {
+              a.k                 = 8192;
+              a.x_stride          = 8192;
+              a.seg[0].type       = FRT_GEMV_F32;
+              a.seg[0].row_stride = 4 * 8192;
+          }, FRT_GEMV_KERNEL_BULK },
         { "GGUF Q6_K rows not contiguous", [](frt_gemv_args & a) {
               a.seg[0].type       = FRT_GEMV_Q6_K;
               a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K, 2048) + 16;
@@ -382,8 +401,8 @@ bool run_refusals() {
     for (const refusal & r : cases) {
         frt_gemv_args a = base();
         r.change(a);
-        const char *      why = frt_gemv_unsupported(a);
-        const cudaError_t err = frt_gemv(a, 0);
+        const char *      why = frt_gemv_unsupported(a, r.kernel);
+        const cudaError_t err = frt_gemv(a, 0, r.kernel);
         const bool        refused = why != nullptr && err == cudaErrorInvalidValue;
         ok = ok && refused;
         std::printf("%-4s refuses %-31s %s\n", refused ? "ok" : "FAIL", r.what, why ? why : "(accepted)");
@@ -481,10 +500,37 @@ int main(int argc, char ** argv) {
         add(c);
     }
 
+    // 1-token launches only with the bulk kernel: every case at 1 token with both kernels.
+    {
+        test_case c{ "mixed pack: f32 + q4_K + q6_K_R + bf16", 2048, 1,
+                     { S{ F32, 256 }, S{ Q4, 700 }, S{ Q6, 300, true }, S{ BF16, 33 } }, true };
+        c.bulk_only = true;
+        add(c);
+    }
+    add({ "q5_K 1000 rows, residual", 768, 1, { S{ Q5, 1000, false, 0, true } } });
+    add({ "q6_K GGUF k=256, 24 rows", 256, 1, { S{ Q6, 24 } } });
+    add({ "q8_0 GGUF 104 rows + q6_K 8 rows", 512, 1, { S{ Q8, 104 }, S{ Q6, 8 } } });
+    add({ "f16 333 rows, normed", 256, 1, { S{ F16, 333 } }, true });
+    add({ "q4_K 5 rows, k=256", 256, 1, { S{ Q4, 5 } } });
+    add({ "f32 k=4096 (a row a stage)", 4096, 1, { S{ F32, 300 } } });
+    {
+        test_case c{ "down experts + residual, 1 token", 512, 1, { S{ Q6, 2048, false, 16, true } } };
+        c.n_used = 8, c.x_per_slot = true, c.bad_id = true;
+        add(c);
+    }
+
     int failed = 0, total = 0;
     for (const test_case & c : cases) {
-        failed += run_case(c, rng) ? 0 : 1;
-        ++total;
+        for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_REGISTERS, FRT_GEMV_KERNEL_BULK }) {
+            if (kernel == FRT_GEMV_KERNEL_BULK && c.tokens != 1) {
+                continue;  // the bulk kernel takes 1 token (refusals below)
+            }
+            if (kernel == FRT_GEMV_KERNEL_REGISTERS && c.bulk_only) {
+                continue;
+            }
+            failed += run_case(c, kernel, rng) ? 0 : 1;
+            ++total;
+        }
     }
     failed += run_refusals() ? 0 : 1;
     ++total;

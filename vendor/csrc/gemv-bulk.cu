@@ -1,0 +1,382 @@
+// frt_gemv's bulk kernel: 1 token, sm_90 and newer. The design is in gemv.cuh ("Bulk kernel").
+// Terms: a quantum is the fewest rows whose bytes are a multiple of 16 (bulk copies move 16-byte
+// multiples between 16-byte aligned addresses); a chunk is the rows of one instance (a matrix, or
+// one expert slot) that one shared-memory stage holds; a position (segment, instance, quantum)
+// orders the launch's rows the way their bytes are laid end to end.
+
+#include "gemv-bulk.cuh"
+
+// ---- mbarrier and bulk copy (PTX, sm_90) ----
+
+static __device__ __forceinline__ uint32_t bulk_smem_addr(const void * p) {
+    return (uint32_t) __cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void bulk_bar_init(uint64_t * bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bulk_smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+
+// Makes the initialised barriers visible to the copy engine (the async proxy).
+static __device__ __forceinline__ void bulk_bar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void bulk_bar_arrive(uint64_t * bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.shared::cta.b64 state, [%0];\n\t}" ::"r"(
+                     bulk_smem_addr(bar))
+                 : "memory");
+#endif
+}
+
+// Arrives and announces `bytes` that copies completing on this barrier will bring.
+static __device__ __forceinline__ void bulk_bar_arrive_expect(uint64_t * bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}" ::"r"(
+                     bulk_smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+
+// Waits for the completion of the barrier's phase of parity `parity`.
+static __device__ __forceinline__ void bulk_bar_wait(uint64_t * bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t done = 0;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(bulk_smem_addr(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+#endif
+}
+
+// The copy engine moves `bytes` (a multiple of 16) from global src to shared dst (both 16-byte
+// aligned) and completes them on `bar`. The weights are read once a step: they should not push
+// the activations out of L2 (evict-first).
+static __device__ __forceinline__ void bulk_copy(uint8_t * dst, const uint8_t * src, uint32_t bytes, uint64_t * bar,
+                                                 uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::
+            "r"(bulk_smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(bulk_smem_addr(bar)), "l"(policy)
+        : "memory");
+#endif
+}
+
+static __device__ __forceinline__ uint64_t bulk_evict_first_policy() {
+    uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+    return policy;
+}
+
+// ---- positions and chunks ----
+
+struct bulk_pos {
+    int si, inst, u;
+};
+
+static __device__ __forceinline__ bool bulk_before(const bulk_pos & a, const bulk_pos & b) {
+    return a.si != b.si ? a.si < b.si : a.inst != b.inst ? a.inst < b.inst : a.u < b.u;
+}
+
+// The first quantum whose bytes start at or after `at` (the end of the launch when none does).
+// Block b takes the quanta starting in [b, b + 1) x total / blocks: balanced by bytes.
+static __device__ bulk_pos bulk_first_at(const bulk_params & p, int64_t at) {
+    for (int si = 0; si < p.n_segments; ++si) {
+        const bulk_seg & s = p.seg[si];
+        if (at >= s.bytes_begin + s.n_inst * s.inst_bytes) {
+            continue;
+        }
+        const int64_t off     = at > s.bytes_begin ? at - s.bytes_begin : 0;
+        int           inst    = (int) (off / s.inst_bytes);
+        const int64_t quantum = (int64_t) s.quantum * s.row_stride;
+        int           u       = (int) ((off - inst * s.inst_bytes + quantum - 1) / quantum);
+        if (u >= s.units) {
+            u = 0;
+            ++inst;
+        }
+        if (inst < s.n_inst) {
+            return { si, inst, u };
+        }
+    }
+    return { p.n_segments, 0, 0 };
+}
+
+struct bulk_chunk {
+    int si, inst, row0, nrows;
+};
+
+// The next chunk from `cur` (advanced past it), or false at `end`.
+static __device__ __forceinline__ bool bulk_next(const bulk_params & p, bulk_pos & cur, const bulk_pos & end,
+                                                 bulk_chunk & c) {
+    if (!bulk_before(cur, end)) {
+        return false;
+    }
+    const bulk_seg & s     = p.seg[cur.si];
+    const int        u_end = cur.si == end.si && cur.inst == end.inst ? end.u : s.units;
+    const int        u1    = min(u_end, cur.u + s.chunk_rows / s.quantum);
+    c                      = { cur.si, cur.inst, cur.u * s.quantum, min(u1 * s.quantum, s.rows) - cur.u * s.quantum };
+    cur.u                  = u1;
+    if (cur.u >= s.units) {
+        cur.u = 0;
+        if (++cur.inst >= s.n_inst) {
+            cur.inst = 0;
+            ++cur.si;
+        }
+    }
+    return true;
+}
+
+// ---- the producer: one thread issues every copy of its block ----
+
+// Chunk i goes to stage i % stages once the consumers have released the chunk before it there.
+// Expert chunks: the expert is read after the wait for the previous kernel (it writes the ids);
+// chunks with no valid expert copy nothing and are flagged (-1) for the consumers.
+static __device__ void bulk_produce(const bulk_params & p, bulk_pos cur, const bulk_pos & end, uint8_t * stages,
+                                    uint64_t * full, uint64_t * empty, int32_t * flag) {
+    const uint64_t policy = bulk_evict_first_policy();
+    bool           waited = false;
+    bulk_chunk     c;
+    for (int i = 0; bulk_next(p, cur, end, c); ++i) {
+        const int slot = i % p.stages;
+        if (i >= p.stages) {
+            bulk_bar_wait(&empty[slot], ((i / p.stages) - 1) & 1);
+        }
+        const bulk_seg & s = p.seg[c.si];
+        const uint8_t *  w = s.w;
+        if (s.ids != nullptr) {
+            if (!waited) {
+                frt_pdl_wait();
+                waited = true;
+            }
+            const int expert = __ldg(s.ids + (c.inst / s.n_used) * s.ids_stride + c.inst % s.n_used);
+            if (expert < 0 || expert >= s.n_experts) {
+                flag[slot] = -1;
+                bulk_bar_arrive(&full[slot]);
+                continue;
+            }
+            w += (int64_t) expert * s.expert_stride;
+        }
+        flag[slot]           = 0;
+        const uint32_t bytes = (uint32_t) (c.nrows * s.row_stride);
+        bulk_bar_arrive_expect(&full[slot], bytes);
+        bulk_copy(stages + slot * (kBulkStage + kBulkSlack), w + (int64_t) c.row0 * s.row_stride, bytes, &full[slot],
+                  policy);
+    }
+}
+
+// ---- the consumers ----
+
+static __device__ __forceinline__ gemv_x bulk_x_of(const bulk_params & p, const bulk_seg & s, int inst,
+                                                   const uint8_t * smem) {
+    const int vec = s.x_per_token == 1 ? 0 : inst;
+    gemv_x    x;
+    x.k = p.x.k;
+    x.q = (const int8_t *) (smem + p.smem_xq) + vec * p.x.k;
+    x.m = (const uint2 *) (smem + p.smem_xm) + vec * (p.x.k / 32);
+    x.f = (const float *) (smem + p.smem_xf) + vec * p.x.k;
+    return x;
+}
+
+static __device__ __forceinline__ void bulk_store(const bulk_seg & s, int inst, int row, float v) {
+    const int64_t at = inst * s.out_stride + row;  // dense: inst 0
+    if (s.epilogue == FRT_GEMV_ADD) {
+        v += s.residual[inst * s.residual_stride + row];
+    }
+    s.out[at] = v;
+}
+
+// Rows of an item type (every type but GGUF Q6_K/Q8_0) from a stage: lpr lanes a row, each
+// lane items li, li + lpr, ...; warps take row groups in turn.
+template <int TYPE>
+static __device__ void bulk_item_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
+                                      const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
+    using tr         = gemv_direct<TYPE>;
+    const int    k   = p.x.k;
+    const int    rpw = 32 / s.lpr, sub = lane / s.lpr, li = lane % s.lpr;
+    const bool   swap = lane & 4;
+    const gemv_x x    = bulk_x_of(p, s, c.inst, smem);
+    const int    groups = (c.nrows + rpw - 1) / rpw;
+    for (int g = warp; g < groups; g += kBulkWarps) {
+        const int       r   = g * rpw + sub;
+        const bool      ok  = r < c.nrows;
+        const uint8_t * row = buf + (int64_t) (ok ? r : 0) * s.row_stride;
+        float           acc[1] = { 0.0f };
+#pragma unroll 2
+        for (int j = 0; j < s.ipl; ++j) {
+            const int it = j * s.lpr + li;
+            if (ok && it < s.units_per_row) {
+                uint4    words[tr::kWords];
+                uint32_t smalls[tr::kSmall > 0 ? tr::kSmall : 1];
+#pragma unroll
+                for (int i = 0; i < tr::kWords; ++i) {
+                    words[i] = *(const uint4 *) tr::word(row, it, k, i);
+                }
+#pragma unroll
+                for (int i = 0; i < tr::kSmall; ++i) {
+                    smalls[i] = *(const uint32_t *) tr::small(row, it, k, i);
+                }
+                uint4 head = make_uint4(0, 0, 0, 0);
+                if constexpr (tr::kSharedHead > 0) {
+                    head = *(const uint4 *) (row + tr::kSharedHead * (it >> 3));
+                }
+                tr::template dot<1>(tr::from(words, smalls, it, k), head, it, swap, x, 1, acc);
+            }
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            if (offset < s.lpr) {
+                acc[0] += __shfl_xor_sync(kFull, acc[0], offset);
+            }
+        }
+        if (ok && li == 0) {
+            bulk_store(s, c.inst, c.row0 + r, acc[0]);
+        }
+    }
+}
+
+// Rows of GGUF Q6_K/Q8_0 from a stage, a quantum of rows a warp (16-byte aligned in the stage, as
+// gemv_staged_* want), through the register kernel's staged decoders.
+template <int TYPE>
+static __device__ void bulk_staged_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
+                                        const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
+    gemv_batch b;
+    b.rows            = c.row0 + c.nrows;
+    b.k               = p.x.k;
+    b.nt              = 1;
+    b.x               = bulk_x_of(p, s, c.inst, smem);
+    b.out             = s.out + c.inst * s.out_stride;
+    b.out_stride      = 0;
+    b.residual        = s.residual ? s.residual + c.inst * s.residual_stride : nullptr;
+    b.residual_stride = 0;
+    b.epilogue        = s.epilogue;
+    const int rb      = (int) s.row_stride;  // staged rows are contiguous
+    const int groups  = (c.nrows + s.quantum - 1) / s.quantum;
+    for (int g = warp; g < groups; g += kBulkWarps) {
+        const int r0 = g * s.quantum, nr = min(s.quantum, c.nrows - r0);
+        b.row0       = c.row0 + r0;
+        b.nrows      = nr;
+        if (TYPE == FRT_GEMV_Q6_K) {
+            gemv_staged_q6_k<1, false>(b, buf + r0 * rb, nr, rb, lane);
+        } else {
+            gemv_staged_q8_0<1, false>(b, buf + r0 * rb, nr, rb, lane);
+        }
+    }
+}
+
+static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, const uint8_t * buf,
+                                 const uint8_t * smem, int warp, int lane) {
+    const bulk_seg & s = p.seg[c.si];
+    switch (s.type) {
+        case FRT_GEMV_F32:    bulk_item_rows<FRT_GEMV_F32>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_F16:    bulk_item_rows<FRT_GEMV_F16>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_BF16:   bulk_item_rows<FRT_GEMV_BF16>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q4_K:   bulk_item_rows<FRT_GEMV_Q4_K>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q5_K:   bulk_item_rows<FRT_GEMV_Q5_K>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q6_K_R: bulk_item_rows<FRT_GEMV_Q6_K_R>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q8_0_R: bulk_item_rows<FRT_GEMV_Q8_0_R>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q6_K:   bulk_staged_rows<FRT_GEMV_Q6_K>(p, s, c, buf, smem, warp, lane); break;
+        default:              bulk_staged_rows<FRT_GEMV_Q8_0>(p, s, c, buf, smem, warp, lane); break;
+    }
+}
+
+// ---- the kernel ----
+
+__launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ uint64_t full[kBulkMaxStages], empty[kBulkMaxStages];
+    __shared__ int32_t  flag[kBulkMaxStages];
+    const int      warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bulk_pos begin = bulk_first_at(p, p.total_bytes * blockIdx.x / gridDim.x);
+    const bulk_pos end   = bulk_first_at(p, p.total_bytes * (blockIdx.x + 1) / gridDim.x);
+    uint8_t *      stages = smem + p.smem_stage;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < p.stages; ++s) {
+            bulk_bar_init(&full[s], 1);
+            bulk_bar_init(&empty[s], kBulkWarps);
+        }
+        bulk_bar_init_fence();
+    }
+    __syncthreads();
+    // Every wait below still covers all of this kernel's writes: the next kernel may start now.
+    frt_pdl_launch_dependents();
+    if (warp == kBulkWarps) {
+        // The weights are not written by earlier kernels: their copies start before the wait.
+        if (lane == 0) {
+            bulk_produce(p, begin, end, stages, full, empty, flag);
+        }
+        return;
+    }
+    frt_pdl_wait();
+    gemv_prologue_x<32 * kBulkWarps>(p.x, (int8_t *) (smem + p.smem_xq), (uint2 *) (smem + p.smem_xm),
+                                     (float *) (smem + p.smem_xf), threadIdx.x, 1);
+#if defined(__CUDA_ARCH__)
+    asm volatile("bar.sync 1, %0;" ::"r"(32 * kBulkWarps) : "memory");
+#endif
+    bulk_pos   cur = begin;
+    bulk_chunk c;
+    for (int i = 0; bulk_next(p, cur, end, c); ++i) {
+        const int slot = i % p.stages;
+        bulk_bar_wait(&full[slot], (i / p.stages) & 1);
+        if (flag[slot] >= 0) {
+            bulk_rows(p, c, stages + slot * (kBulkStage + kBulkSlack), smem, warp, lane);
+        } else if (warp == 0) {
+            // No matrix to read: the rows of this slot become NaN, visibly.
+            for (int r = lane; r < c.nrows; r += 32) {
+                p.seg[c.si].out[c.inst * p.seg[c.si].out_stride + c.row0 + r] = __int_as_float(0x7fffffff);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) {
+            bulk_bar_arrive(&empty[slot]);
+        }
+    }
+}
+
+// ---- launching (host) ----
+
+cudaError_t frt_gemv_bulk_launch(const frt_gemv_args & a, cudaStream_t stream) {
+    int         device = 0;
+    gemv_device dev;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) {
+        err = frt_gemv_device_info(device, dev);
+    }
+    if (err != cudaSuccess) {
+        return err;
+    }
+    if (dev.cc_major < 9) {
+        return cudaErrorNotSupported;
+    }
+    bulk_params p;
+    int         smem = 0;
+    if (frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem) != nullptr) {
+        return cudaErrorInvalidValue;
+    }
+    static std::once_flag once[kMaxDevices];
+    static cudaError_t    allowed[kMaxDevices];
+    const auto            allow = [&] {
+        return cudaFuncSetAttribute(frt_gemv_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    dev.smem_optin - kBulkStatic);
+    };
+    if (device < 0 || device >= kMaxDevices) {
+        err = allow();
+    } else {
+        std::call_once(once[device], [&] { allowed[device] = allow(); });
+        err = allowed[device];
+    }
+    if (err != cudaSuccess) {
+        return err;
+    }
+    return frt_launch(frt_gemv_bulk_kernel, dim3(dev.sms), dim3(kBulkThreads), (size_t) smem, stream, p);
+}

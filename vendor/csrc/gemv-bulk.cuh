@@ -1,0 +1,45 @@
+#pragma once
+
+// Internals of frt_gemv's bulk kernel (gemv-bulk.cu; planned in gemv.cu). Design in gemv.cuh,
+// "Bulk kernel".
+
+#include "gemv-impl.cuh"
+
+static constexpr int kBulkWarps     = 16;                     // consumer warps of a block
+static constexpr int kBulkThreads   = 32 * (kBulkWarps + 1);  // and one producer warp
+static constexpr int kBulkStage     = 16384;                  // bytes of one shared-memory stage
+static constexpr int kBulkSlack     = 16;  // the staged Q8_0 decoder reads up to 2 bytes past a chunk
+static constexpr int kBulkMaxStages = 16;
+static constexpr int kBulkStatic    = 1024;  // static shared memory: barriers, chunk flags, prologue sums
+
+struct bulk_seg {
+    const uint8_t * w;
+    float *         out;
+    const float *   residual;
+    const int32_t * ids;
+    int64_t         row_stride, out_stride, residual_stride, ids_stride, expert_stride;
+    int64_t         bytes_begin;  // bytes of the launch's segments before this one
+    int64_t         inst_bytes;   // bytes of one instance: rows x row_stride
+    int             type, rows, epilogue, n_used, n_experts, n_inst, x_per_token;
+    int             quantum;     // chunks start at multiples of this many rows (16-byte aligned copies)
+    int             chunk_rows;  // rows of a full chunk: a multiple of quantum, at most kBulkStage bytes
+    int             units;       // quanta an instance: ceil(rows / quantum)
+    int             staged;      // GGUF Q6_K/Q8_0: decoded block by block (gemv_staged_*), else item by item
+    int             units_per_row, lpr, ipl;  // items: per row, lanes a row, items a lane
+};
+
+struct bulk_params {
+    gemv_x_in x;
+    int       n_segments, stages;
+    int       smem_xq, smem_xm, smem_xf, smem_stage;
+    int64_t   total_bytes;
+    bulk_seg  seg[FRT_GEMV_MAX_SEGMENTS];
+};
+
+// nullptr and the plan with its dynamic shared memory, or why the bulk kernel does not take `a`
+// (gemv.cu). smem_optin: the most shared memory a block of the device may have; sms: its SMs.
+const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, bulk_params & p, int & smem);
+
+// Launches the bulk kernel (gemv-bulk.cu); cudaErrorInvalidValue when the plan refuses `a`,
+// cudaErrorNotSupported before sm_90.
+cudaError_t frt_gemv_bulk_launch(const frt_gemv_args & a, cudaStream_t stream);
