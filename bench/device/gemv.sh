@@ -105,7 +105,7 @@ fi
 echo
 if [ -f "$out/gemv-bench.md" ]; then
     # The table, 1-token rows (all rows in gemv-bench.md).
-    awk -F'|' '!/^\|/ || /^\| shape/ || /^\|---/ || $3 + 0 == 1' "$out/gemv-bench.md"
+    awk -F'|' '!/^\|/ || /^\| shape/ || /^\|---/ || $4 + 0 == 1' "$out/gemv-bench.md"
 fi
 [ -f "$out/gemv-lab.md" ] && cat "$out/gemv-lab.md"
 exit $tests_failed

@@ -30,9 +30,11 @@ struct bulk_seg {
 
 struct bulk_params {
     gemv_x_in x;
-    int       n_segments, stages;
+    int       n_segments, stages, stage_pitch;  // stage_pitch: bytes between stages (kBulkStage + kBulkSlack)
     int       smem_xq, smem_xm, smem_xf, smem_stage;
     int64_t   total_bytes;
+    int       lab;  // FRT_GEMV_BULK_LAB (experiments, bench only): 1 no math, 2 no L2 hint, 4 no stores, 8 at most 4 stages,
+                    // 16 stages of 8 KB, 32 stages of 32 KB
     bulk_seg  seg[FRT_GEMV_MAX_SEGMENTS];
 };
 

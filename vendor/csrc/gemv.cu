@@ -318,6 +318,7 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
         q.ipl           = (q.units_per_row + q.lpr - 1) / q.lpr;
     }
     p.total_bytes = bytes;
+    p.lab         = 0;
     auto take     = [](int & at, int64_t n) {
         const int start = at;
         at += (int) ((n + 127) / 128 * 128);
@@ -337,7 +338,8 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
     if (p.stages < 2) {
         return "frt_gemv: the inputs leave the bulk kernel too little shared memory";
     }
-    smem = at + p.stages * pitch;
+    p.stage_pitch = pitch;
+    smem          = at + p.stages * pitch;
     return nullptr;
 }
 
