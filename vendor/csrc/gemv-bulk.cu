@@ -142,18 +142,27 @@ static __device__ __forceinline__ bool bulk_next(const bulk_params & p, bulk_pos
 
 // ---- the producer: one thread issues every copy of its block ----
 
-// Chunk i goes to stage i % stages once the consumers have released the chunk before it there.
-// Expert chunks: the expert is read after the wait for the previous kernel (it writes the ids);
-// chunks with no valid expert copy nothing and are flagged (-1) for the consumers.
+// Chunk i goes to consumer warp i % kBulkWarps, into that warp's stage (i / kBulkWarps) % 2, once
+// the warp has released the chunk before it there. Expert chunks: the expert is read after the
+// wait for the previous kernel (it writes the ids); chunks with no valid expert copy nothing and
+// are flagged (-1) for the consumer.
+static __device__ __forceinline__ int bulk_slot(int i) {
+    return (i % kBulkWarps) * kBulkWarpStages + (i / kBulkWarps) % kBulkWarpStages;
+}
+
+static __device__ __forceinline__ uint32_t bulk_parity(int i) {
+    return (i / kBulkWarps / kBulkWarpStages) & 1;
+}
+
 static __device__ void bulk_produce(const bulk_params & p, bulk_pos cur, const bulk_pos & end, uint8_t * stages,
                                     uint64_t * full, uint64_t * empty, int32_t * flag) {
-    const uint64_t policy = (p.lab & 2) ? 0 : bulk_evict_first_policy();
+    const uint64_t policy = bulk_evict_first_policy();
     bool           waited = false;
     bulk_chunk     c;
     for (int i = 0; bulk_next(p, cur, end, c); ++i) {
-        const int slot = i % p.stages;
-        if (i >= p.stages) {
-            bulk_bar_wait(&empty[slot], ((i / p.stages) - 1) & 1);
+        const int slot = bulk_slot(i);
+        if (i >= kBulkStages) {
+            bulk_bar_wait(&empty[slot], bulk_parity(i - kBulkStages));
         }
         const bulk_seg & s = p.seg[c.si];
         const uint8_t *  w = s.w;
@@ -173,17 +182,8 @@ static __device__ void bulk_produce(const bulk_params & p, bulk_pos cur, const b
         flag[slot]           = 0;
         const uint32_t bytes = (uint32_t) (c.nrows * s.row_stride);
         bulk_bar_arrive_expect(&full[slot], bytes);
-        if (p.lab & 2) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                             bulk_smem_addr(stages + slot * p.stage_pitch)),
-                         "l"(w + (int64_t) c.row0 * s.row_stride), "r"(bytes), "r"(bulk_smem_addr(&full[slot]))
-                         : "memory");
-#endif
-        } else {
-            bulk_copy(stages + slot * p.stage_pitch, w + (int64_t) c.row0 * s.row_stride, bytes,
-                      &full[slot], policy);
-        }
+        bulk_copy(stages + slot * (kBulkStage + kBulkSlack), w + (int64_t) c.row0 * s.row_stride, bytes, &full[slot],
+                  policy);
     }
 }
 
@@ -214,41 +214,51 @@ static __device__ __forceinline__ void bulk_store(const bulk_seg & s, int inst, 
     s.out[at] = v;
 }
 
-// Rows of an item type (every type but GGUF Q6_K/Q8_0) from a stage: lpr lanes a row, each
-// lane items li, li + lpr, ...; warps take row groups in turn.
+// The rows of a chunk of an item type (every type but GGUF Q6_K/Q8_0), in this warp's stage: lpr
+// lanes a row (32 / lpr rows at once), lane li multiplies items li, li + lpr, ..., kBulkItems of
+// them loaded before any is multiplied, so that their shared-memory latencies overlap.
 template <int TYPE>
 static __device__ void bulk_item_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                      const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
-    using tr         = gemv_direct<TYPE>;
-    const int    k   = p.x.k;
-    const int    rpw = 32 / s.lpr, sub = lane / s.lpr, li = lane % s.lpr;
-    const bool   swap = lane & 4;
-    const gemv_x x    = bulk_x_of(p, s, c.inst, smem);
-    const int    groups = (c.nrows + rpw - 1) / rpw;
-    for (int g = warp; g < groups; g += kBulkWarps) {
-        const int       r   = g * rpw + sub;
+                                      const uint8_t * buf, const uint8_t * smem, int lane) {
+    using tr          = gemv_direct<TYPE>;
+    constexpr int U   = kBulkItems;
+    const int     k   = p.x.k;
+    const int     rpw = 32 / s.lpr, sub = lane / s.lpr, li = lane % s.lpr;
+    const bool    swap = lane & 4;
+    const gemv_x  x    = bulk_x_of(p, s, c.inst, smem);
+    for (int r0 = 0; r0 < c.nrows; r0 += rpw) {
+        const int       r   = r0 + sub;
         const bool      ok  = r < c.nrows;
         const uint8_t * row = buf + (int64_t) (ok ? r : 0) * s.row_stride;
         float           acc[1] = { 0.0f };
-#pragma unroll 2
-        for (int j = 0; j < s.ipl; ++j) {
-            const int it = j * s.lpr + li;
-            if (ok && it < s.units_per_row) {
-                uint4    words[tr::kWords];
-                uint32_t smalls[tr::kSmall > 0 ? tr::kSmall : 1];
+        for (int j0 = 0; j0 < s.ipl; j0 += U) {
+            typename tr::item items[U];
+            uint4             heads[U];
 #pragma unroll
-                for (int i = 0; i < tr::kWords; ++i) {
-                    words[i] = *(const uint4 *) tr::word(row, it, k, i);
-                }
+            for (int u = 0; u < U; ++u) {
+                const int it = (j0 + u) * s.lpr + li;
+                if (ok && j0 + u < s.ipl && it < s.units_per_row) {
+                    uint4    words[tr::kWords];
+                    uint32_t smalls[tr::kSmall > 0 ? tr::kSmall : 1];
 #pragma unroll
-                for (int i = 0; i < tr::kSmall; ++i) {
-                    smalls[i] = *(const uint32_t *) tr::small(row, it, k, i);
+                    for (int i = 0; i < tr::kWords; ++i) {
+                        words[i] = *(const uint4 *) tr::word(row, it, k, i);
+                    }
+#pragma unroll
+                    for (int i = 0; i < tr::kSmall; ++i) {
+                        smalls[i] = *(const uint32_t *) tr::small(row, it, k, i);
+                    }
+                    items[u] = tr::from(words, smalls, it, k);
+                    heads[u] = tr::kSharedHead > 0 ? *(const uint4 *) (row + tr::kSharedHead * (it >> 3))
+                                                   : make_uint4(0, 0, 0, 0);
                 }
-                uint4 head = make_uint4(0, 0, 0, 0);
-                if constexpr (tr::kSharedHead > 0) {
-                    head = *(const uint4 *) (row + tr::kSharedHead * (it >> 3));
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int it = (j0 + u) * s.lpr + li;
+                if (ok && j0 + u < s.ipl && it < s.units_per_row) {
+                    tr::template dot<1>(items[u], heads[u], it, swap, x, 1, acc);
                 }
-                tr::template dot<1>(tr::from(words, smalls, it, k), head, it, swap, x, 1, acc);
             }
         }
 #pragma unroll
@@ -263,13 +273,15 @@ static __device__ void bulk_item_rows(const bulk_params & p, const bulk_seg & s,
     }
 }
 
-// Rows of GGUF Q6_K/Q8_0 from a stage, a quantum of rows a warp (16-byte aligned in the stage, as
-// gemv_staged_* want), through the register kernel's staged decoders.
+// The rows of a chunk of GGUF Q6_K/Q8_0 (its stage is 16-byte aligned, as gemv_staged_* want),
+// through the register kernel's staged decoders.
 template <int TYPE>
 static __device__ void bulk_staged_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                        const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
+                                        const uint8_t * buf, const uint8_t * smem, int lane) {
     gemv_batch b;
+    b.row0            = c.row0;
     b.rows            = c.row0 + c.nrows;
+    b.nrows           = c.nrows;
     b.k               = p.x.k;
     b.nt              = 1;
     b.x               = bulk_x_of(p, s, c.inst, smem);
@@ -278,50 +290,45 @@ static __device__ void bulk_staged_rows(const bulk_params & p, const bulk_seg & 
     b.residual        = s.residual ? s.residual + c.inst * s.residual_stride : nullptr;
     b.residual_stride = 0;
     b.epilogue        = s.epilogue;
-    const int rb      = (int) s.row_stride;  // staged rows are contiguous
-    const int groups  = (c.nrows + s.quantum - 1) / s.quantum;
-    for (int g = warp; g < groups; g += kBulkWarps) {
-        const int r0 = g * s.quantum, nr = min(s.quantum, c.nrows - r0);
-        b.row0       = c.row0 + r0;
-        b.nrows      = nr;
-        if (TYPE == FRT_GEMV_Q6_K) {
-            gemv_staged_q6_k<1, false>(b, buf + r0 * rb, nr, rb, lane);
-        } else {
-            gemv_staged_q8_0<1, false>(b, buf + r0 * rb, nr, rb, lane);
-        }
+    if (TYPE == FRT_GEMV_Q6_K) {
+        gemv_staged_q6_k<1, false>(b, buf, c.nrows, (int) s.row_stride, lane);
+    } else {
+        gemv_staged_q8_0<1, false>(b, buf, c.nrows, (int) s.row_stride, lane);
     }
 }
 
 static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, const uint8_t * buf,
-                                 const uint8_t * smem, int warp, int lane) {
+                                 const uint8_t * smem, int lane) {
     const bulk_seg & s = p.seg[c.si];
     switch (s.type) {
-        case FRT_GEMV_F32:    bulk_item_rows<FRT_GEMV_F32>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_F16:    bulk_item_rows<FRT_GEMV_F16>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_BF16:   bulk_item_rows<FRT_GEMV_BF16>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q4_K:   bulk_item_rows<FRT_GEMV_Q4_K>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q5_K:   bulk_item_rows<FRT_GEMV_Q5_K>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q6_K_R: bulk_item_rows<FRT_GEMV_Q6_K_R>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q8_0_R: bulk_item_rows<FRT_GEMV_Q8_0_R>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q6_K:   bulk_staged_rows<FRT_GEMV_Q6_K>(p, s, c, buf, smem, warp, lane); break;
-        default:              bulk_staged_rows<FRT_GEMV_Q8_0>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_F32:    bulk_item_rows<FRT_GEMV_F32>(p, s, c, buf, smem, lane); break;
+        case FRT_GEMV_F16:    bulk_item_rows<FRT_GEMV_F16>(p, s, c, buf, smem, lane); break;
+        case FRT_GEMV_BF16:   bulk_item_rows<FRT_GEMV_BF16>(p, s, c, buf, smem, lane); break;
+        case FRT_GEMV_Q4_K:   bulk_item_rows<FRT_GEMV_Q4_K>(p, s, c, buf, smem, lane); break;
+        case FRT_GEMV_Q5_K:   bulk_item_rows<FRT_GEMV_Q5_K>(p, s, c, buf, smem, lane); break;
+        case FRT_GEMV_Q6_K_R: bulk_item_rows<FRT_GEMV_Q6_K_R>(p, s, c, buf, smem, lane); break;
+        case FRT_GEMV_Q8_0_R: bulk_item_rows<FRT_GEMV_Q8_0_R>(p, s, c, buf, smem, lane); break;
+        case FRT_GEMV_Q6_K:   bulk_staged_rows<FRT_GEMV_Q6_K>(p, s, c, buf, smem, lane); break;
+        default:              bulk_staged_rows<FRT_GEMV_Q8_0>(p, s, c, buf, smem, lane); break;
     }
 }
 
 // ---- the kernel ----
 
-__launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
+// One block an SM: 13 warps may take 152 registers each (the bound __launch_bounds__ would give, 128,
+// spills).
+__maxnreg__(152) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ uint64_t full[kBulkMaxStages], empty[kBulkMaxStages];
-    __shared__ int32_t  flag[kBulkMaxStages];
+    __shared__ uint64_t full[kBulkStages], empty[kBulkStages];
+    __shared__ int32_t  flag[kBulkStages];
     const int      warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const bulk_pos begin = bulk_first_at(p, p.total_bytes * blockIdx.x / gridDim.x);
     const bulk_pos end   = bulk_first_at(p, p.total_bytes * (blockIdx.x + 1) / gridDim.x);
     uint8_t *      stages = smem + p.smem_stage;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < p.stages; ++s) {
+        for (int s = 0; s < kBulkStages; ++s) {
             bulk_bar_init(&full[s], 1);
-            bulk_bar_init(&empty[s], kBulkWarps);
+            bulk_bar_init(&empty[s], 1);
         }
         bulk_bar_init_fence();
     }
@@ -341,15 +348,19 @@ __launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(c
 #if defined(__CUDA_ARCH__)
     asm volatile("bar.sync 1, %0;" ::"r"(32 * kBulkWarps) : "memory");
 #endif
+    // This warp's chunks: every kBulkWarps-th of the block's, each in this warp's next stage.
     bulk_pos   cur = begin;
     bulk_chunk c;
     for (int i = 0; bulk_next(p, cur, end, c); ++i) {
-        const int slot = i % p.stages;
-        bulk_bar_wait(&full[slot], (i / p.stages) & 1);
+        if (i % kBulkWarps != warp) {
+            continue;
+        }
+        const int slot = bulk_slot(i);
+        bulk_bar_wait(&full[slot], bulk_parity(i));
         if (p.lab & 1) {
         } else if (flag[slot] >= 0) {
-            bulk_rows(p, c, stages + slot * p.stage_pitch, smem, warp, lane);
-        } else if (warp == 0) {
+            bulk_rows(p, c, stages + slot * (kBulkStage + kBulkSlack), smem, lane);
+        } else {
             // No matrix to read: the rows of this slot become NaN, visibly.
             for (int r = lane; r < c.nrows; r += 32) {
                 p.seg[c.si].out[c.inst * p.seg[c.si].out_stride + c.row0 + r] = __int_as_float(0x7fffffff);
@@ -379,23 +390,11 @@ cudaError_t frt_gemv_bulk_launch(const frt_gemv_args & a, cudaStream_t stream) {
     }
     bulk_params p;
     int         smem = 0;
-    if (frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem) != nullptr) {
+    if (frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, p, smem) != nullptr) {
         return cudaErrorInvalidValue;
     }
     const char * lab = std::getenv("FRT_GEMV_BULK_LAB");
     p.lab            = lab ? std::atoi(lab) : 0;
-    if (p.lab & (16 | 32)) {
-        const int stage = (p.lab & 16) ? kBulkStage / 2 : kBulkStage * 2;
-        for (int i = 0; i < p.n_segments; ++i) {
-            bulk_seg & q = p.seg[i];
-            q.chunk_rows = std::max(q.quantum, (int) (stage / (q.quantum * q.row_stride)) * q.quantum);
-        }
-        p.stage_pitch = stage + kBulkSlack;
-        p.stages      = std::min(kBulkMaxStages, (smem - p.smem_stage) / p.stage_pitch);
-    }
-    if (p.lab & 8) {
-        p.stages = std::min(p.stages, 4);
-    }
     static std::once_flag once[kMaxDevices];
     static cudaError_t    allowed[kMaxDevices];
     const auto            allow = [&] {

@@ -5,12 +5,14 @@
 
 #include "gemv-impl.cuh"
 
-static constexpr int kBulkWarps     = 16;                     // consumer warps of a block
-static constexpr int kBulkThreads   = 32 * (kBulkWarps + 1);  // and one producer warp
-static constexpr int kBulkStage     = 16384;                  // bytes of one shared-memory stage
-static constexpr int kBulkSlack     = 16;  // the staged Q8_0 decoder reads up to 2 bytes past a chunk
-static constexpr int kBulkMaxStages = 16;
-static constexpr int kBulkStatic    = 1024;  // static shared memory: barriers, chunk flags, prologue sums
+static constexpr int kBulkWarps      = 12;                     // consumer warps of a block
+static constexpr int kBulkThreads    = 32 * (kBulkWarps + 1);  // and one producer warp
+static constexpr int kBulkWarpStages = 2;                      // shared-memory stages of each consumer warp
+static constexpr int kBulkStages     = kBulkWarps * kBulkWarpStages;
+static constexpr int kBulkStage      = 8192;  // bytes of one stage
+static constexpr int kBulkItems      = 2;     // items a lane loads before it multiplies them (4 spills)
+static constexpr int kBulkSlack      = 16;    // the staged Q8_0 decoder reads up to 2 bytes past a chunk
+static constexpr int kBulkStatic     = 1024;  // static shared memory: barriers, chunk flags, prologue sums
 
 struct bulk_seg {
     const uint8_t * w;
@@ -30,17 +32,16 @@ struct bulk_seg {
 
 struct bulk_params {
     gemv_x_in x;
-    int       n_segments, stages, stage_pitch;  // stage_pitch: bytes between stages (kBulkStage + kBulkSlack)
+    int       n_segments;
     int       smem_xq, smem_xm, smem_xf, smem_stage;
     int64_t   total_bytes;
-    int       lab;  // FRT_GEMV_BULK_LAB (experiments, bench only): 1 no math, 2 no L2 hint, 4 no stores, 8 at most 4 stages,
-                    // 16 stages of 8 KB, 32 stages of 32 KB
+    int       lab;  // FRT_GEMV_BULK_LAB (experiments, bench only): 1 no math, 4 no stores
     bulk_seg  seg[FRT_GEMV_MAX_SEGMENTS];
 };
 
 // nullptr and the plan with its dynamic shared memory, or why the bulk kernel does not take `a`
-// (gemv.cu). smem_optin: the most shared memory a block of the device may have; sms: its SMs.
-const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, bulk_params & p, int & smem);
+// (gemv.cu). smem_optin: the most dynamic shared memory a block of the device may have.
+const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, bulk_params & p, int & smem);
 
 // Launches the bulk kernel (gemv-bulk.cu); cudaErrorInvalidValue when the plan refuses `a`,
 // cudaErrorNotSupported before sm_90.

@@ -208,7 +208,7 @@ static const char * gemv_bulk_unsupported(const frt_gemv_args & a) {
     }
     bulk_params p;
     int         smem = 0;
-    return frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem);
+    return frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, p, smem);
 }
 
 const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
@@ -227,7 +227,7 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
 }
 
 // The bulk kernel's plan: which rows each stage holds, how the items of a row spread over lanes.
-const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, bulk_params & p, int & smem) {
+const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, bulk_params & p, int & smem) {
     if (a.k <= 0 || a.k % 256 != 0) {
         return "frt_gemv: k must be a positive multiple of 256";
     }
@@ -306,7 +306,7 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
             ++q.quantum;
         }
         if (q.quantum * s.row_stride > kBulkStage) {
-            return "frt_gemv: the bulk kernel's stage (16 KB) holds no row of this matrix";
+            return "frt_gemv: the bulk kernel's stage (8 KB) holds no row of this matrix";
         }
         q.chunk_rows    = (int) (kBulkStage / (q.quantum * s.row_stride)) * q.quantum;
         q.units         = (s.rows + q.quantum - 1) / q.quantum;
@@ -314,8 +314,12 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
         q.bytes_begin   = bytes;
         bytes += q.n_inst * q.inst_bytes;
         q.units_per_row = gemv_units_per_row(s.type, a.k);
-        q.lpr           = q.units_per_row >= 32 ? 32 : q.units_per_row >= 16 ? 16 : 8;
-        q.ipl           = (q.units_per_row + q.lpr - 1) / q.lpr;
+        // Lanes a row: enough items a lane for kBulkItems loads in flight, 8 lanes at least.
+        q.lpr = 8;
+        while (q.lpr < 32 && q.units_per_row >= 2 * q.lpr * kBulkItems) {
+            q.lpr *= 2;
+        }
+        q.ipl = (q.units_per_row + q.lpr - 1) / q.lpr;
     }
     p.total_bytes = bytes;
     p.lab         = 0;
@@ -330,16 +334,10 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
     p.smem_xq           = take(at, p.x.need_q8 ? n_vec * a.k : 0);
     p.smem_xf           = take(at, p.x.need_f32 ? 4 * n_vec * a.k : 0);
     p.smem_stage        = at;
-    // Stages: what a block's share of the bytes needs (all of it in flight before the wait for the
-    // previous kernel when it fits), at most what shared memory holds.
-    const int     pitch = kBulkStage + kBulkSlack;
-    const int64_t want  = (bytes / std::max(sms, 1) + kBulkStage - 1) / kBulkStage + 2;
-    p.stages = (int) std::min<int64_t>({ want, kBulkMaxStages, (smem_optin - at) / pitch });
-    if (p.stages < 2) {
+    smem = at + kBulkStages * (kBulkStage + kBulkSlack);
+    if (smem > smem_optin) {
         return "frt_gemv: the inputs leave the bulk kernel too little shared memory";
     }
-    p.stage_pitch = pitch;
-    smem          = at + p.stages * pitch;
     return nullptr;
 }
 

@@ -512,7 +512,7 @@ int main(int argc, char ** argv) {
     add({ "q8_0 GGUF 104 rows + q6_K 8 rows", 512, 1, { S{ Q8, 104 }, S{ Q6, 8 } } });
     add({ "f16 333 rows, normed", 256, 1, { S{ F16, 333 } }, true });
     add({ "q4_K 5 rows, k=256", 256, 1, { S{ Q4, 5 } } });
-    add({ "f32 k=4096 (a row a stage)", 4096, 1, { S{ F32, 300 } } });
+    add({ "f32 k=2048 (a row a stage)", 2048, 1, { S{ F32, 300 } } });
     {
         test_case c{ "down experts + residual, 1 token", 512, 1, { S{ Q6, 2048, false, 16, true } } };
         c.n_used = 8, c.x_per_slot = true, c.bad_id = true;
