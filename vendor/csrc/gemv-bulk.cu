@@ -315,9 +315,9 @@ static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, co
 
 // ---- the kernel ----
 
-// One block an SM: 13 warps may take 152 registers each (the bound __launch_bounds__ would give, 128,
-// spills).
-__maxnreg__(152) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
+// Registers: an SM sub-partition's 16K hold 3 of the block's 12 warps at 168 registers (13 warps
+// would cap them at 128, and the math spills there).
+__maxnreg__(168) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ uint64_t full[kBulkStages], empty[kBulkStages];
     __shared__ int32_t  flag[kBulkStages];

@@ -5,7 +5,7 @@
 
 #include "gemv-impl.cuh"
 
-static constexpr int kBulkWarps      = 12;                     // consumer warps of a block
+static constexpr int kBulkWarps      = 11;                     // consumer warps of a block
 static constexpr int kBulkThreads    = 32 * (kBulkWarps + 1);  // and one producer warp
 static constexpr int kBulkWarpStages = 2;                      // shared-memory stages of each consumer warp
 static constexpr int kBulkStages     = kBulkWarps * kBulkWarpStages;
