@@ -299,7 +299,9 @@ static __device__ void bulk_staged_rows(const bulk_params & p, const bulk_seg & 
 
 static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, const uint8_t * buf,
                                  const uint8_t * smem, int lane) {
-    const bulk_seg & s = p.seg[c.si];
+    // A copy in registers: the hot loops read its fields, and a dynamically indexed kernel
+    // parameter is a slow load each time.
+    const bulk_seg s = p.seg[c.si];
     switch (s.type) {
         case FRT_GEMV_F32:    bulk_item_rows<FRT_GEMV_F32>(p, s, c, buf, smem, lane); break;
         case FRT_GEMV_F16:    bulk_item_rows<FRT_GEMV_F16>(p, s, c, buf, smem, lane); break;
