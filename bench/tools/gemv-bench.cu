@@ -836,13 +836,12 @@ int main(int argc, char ** argv) {
         }
         shape_weights weights = make_weights(s, stream_mib, rng, stream);
         for (int t : tokens) {
-            // "frt": what frt_gemv picks (the bulk kernel at 1 token); "frt-regs": the register
-            // kernel beside it at 1 token.
-            for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_AUTO, FRT_GEMV_KERNEL_REGISTERS }) {
-                if (kernel == FRT_GEMV_KERNEL_REGISTERS && t != 1) {
+            // "frt": what frt_gemv picks; "frt-bulk": the bulk kernel beside it at 1 token.
+            for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_AUTO, FRT_GEMV_KERNEL_BULK }) {
+                if (kernel == FRT_GEMV_KERNEL_BULK && t != 1) {
                     continue;
                 }
-                const std::string impl = kernel == FRT_GEMV_KERNEL_AUTO ? "frt" : "frt-regs";
+                const std::string impl = kernel == FRT_GEMV_KERNEL_AUTO ? "frt" : "frt-bulk";
                 result            r    = run_shape(
                     s, weights, t, replays, graph_ms, rng, stream,
                     [kernel](const frt_gemv_args & a, cudaStream_t st) { return frt_gemv(a, st, kernel); },

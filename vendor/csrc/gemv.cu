@@ -213,17 +213,11 @@ static const char * gemv_bulk_unsupported(const frt_gemv_args & a) {
 
 const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
     switch (kernel) {
+        case FRT_GEMV_KERNEL_AUTO:
         case FRT_GEMV_KERNEL_REGISTERS: return gemv_registers_unsupported(a);
         case FRT_GEMV_KERNEL_BULK:      return gemv_bulk_unsupported(a);
-        case FRT_GEMV_KERNEL_AUTO:      break;
         default:                        return "frt_gemv: unknown kernel";
     }
-    const char * bulk = gemv_bulk_unsupported(a);
-    if (bulk == nullptr) {
-        return nullptr;
-    }
-    // Taken by the register kernel, or refused by both: then its reason (it takes the most).
-    return gemv_registers_unsupported(a);
 }
 
 // The bulk kernel's plan: which rows each stage holds, how the items of a row spread over lanes.
@@ -505,7 +499,7 @@ cudaError_t frt_gemv_device_info(int device, gemv_device & info) {
 }
 
 cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream, frt_gemv_kernel kernel) {
-    if (kernel == FRT_GEMV_KERNEL_BULK || (kernel == FRT_GEMV_KERNEL_AUTO && gemv_bulk_unsupported(args) == nullptr)) {
+    if (kernel == FRT_GEMV_KERNEL_BULK) {
         return frt_gemv_bulk_launch(args, stream);
     }
     if (kernel != FRT_GEMV_KERNEL_AUTO && kernel != FRT_GEMV_KERNEL_REGISTERS) {

@@ -109,8 +109,9 @@ struct frt_gemv_args {
     frt_gemv_segment seg[FRT_GEMV_MAX_SEGMENTS];
 };
 
-// Which kernel frt_gemv runs. AUTO: the bulk kernel where it takes the launch (1 token, sm_90
-// and newer), else the register kernel. The others are for tests and benchmarks.
+// Which kernel frt_gemv runs. AUTO: the fastest measured, today the register kernel everywhere
+// (the bulk kernel is slower at every decode shape so far: docs/perf-notes.md). The others are for
+// tests and benchmarks.
 enum frt_gemv_kernel : int32_t {
     FRT_GEMV_KERNEL_AUTO = 0,
     FRT_GEMV_KERNEL_REGISTERS,  // weights loaded into registers; 1..8 tokens, any arch
