@@ -48,6 +48,13 @@
 // - Epilogue at the store of each output: plain store or residual add; later SwiGLU of a gate and
 //   an up segment and sigmoid gates go there (frt_gemv_epilogue).
 //
+// Bulk kernel (FRT_GEMV_KERNEL_BULK: 1 token, sm_90+; gemv-bulk.cu), an experiment not yet faster
+// than the above (docs/perf-notes.md): one block an SM; a producer warp copies the block's rows
+// (balanced by bytes over the blocks) into shared-memory stages with the bulk-copy engine
+// (cp.async.bulk, completing on mbarriers), starting before the wait for the previous kernel; the
+// consumer warps quantize x meanwhile, then multiply from shared memory with the same item code,
+// any mix of types in one launch.
+//
 // Numerics: the result is sum_i w_i * xq_i (exact integer dot products of 16 values, then float),
 // where xq is x rounded to int8 per 32 values: |xq_i - x_i| <= d/2, d = max|x| / 127 of its block.
 
