@@ -1,8 +1,8 @@
 // frt_gemv's bulk kernel: 1 token, sm_90 and newer. The design is in gemv.cuh ("Bulk kernel").
 // Terms: a quantum is the fewest rows whose bytes are a multiple of 16 (bulk copies move 16-byte
 // multiples between 16-byte aligned addresses); a chunk is the rows of one instance (a matrix, or
-// one expert slot) that one shared-memory stage holds; a position (segment, instance, quantum)
-// orders the launch's rows the way their bytes are laid end to end.
+// one expert slot) that one shared-memory stage holds, shared by all consumer warps; a position
+// (segment, instance, quantum) orders the launch's rows the way their bytes are laid end to end.
 
 #include "gemv-bulk.cuh"
 
@@ -142,27 +142,18 @@ static __device__ __forceinline__ bool bulk_next(const bulk_params & p, bulk_pos
 
 // ---- the producer: one thread issues every copy of its block ----
 
-// Chunk i goes to consumer warp i % kBulkWarps, into that warp's stage (i / kBulkWarps) % 2, once
-// the warp has released the chunk before it there. Expert chunks: the expert is read after the
-// wait for the previous kernel (it writes the ids); chunks with no valid expert copy nothing and
-// are flagged (-1) for the consumer.
-static __device__ __forceinline__ int bulk_slot(int i) {
-    return (i % kBulkWarps) * kBulkWarpStages + (i / kBulkWarps) % kBulkWarpStages;
-}
-
-static __device__ __forceinline__ uint32_t bulk_parity(int i) {
-    return (i / kBulkWarps / kBulkWarpStages) & 1;
-}
-
+// Chunk i goes to stage i % stages once the consumers have released the chunk before it there.
+// Expert chunks: the expert is read after the wait for the previous kernel (it writes the ids);
+// chunks with no valid expert copy nothing and are flagged (-1) for the consumers.
 static __device__ void bulk_produce(const bulk_params & p, bulk_pos cur, const bulk_pos & end, uint8_t * stages,
                                     uint64_t * full, uint64_t * empty, int32_t * flag) {
     const uint64_t policy = bulk_evict_first_policy();
     bool           waited = false;
     bulk_chunk     c;
     for (int i = 0; bulk_next(p, cur, end, c); ++i) {
-        const int slot = bulk_slot(i);
-        if (i >= kBulkStages) {
-            bulk_bar_wait(&empty[slot], bulk_parity(i - kBulkStages));
+        const int slot = i % p.stages;
+        if (i >= p.stages) {
+            bulk_bar_wait(&empty[slot], (i / p.stages - 1) & 1);
         }
         const bulk_seg & s = p.seg[c.si];
         const uint8_t *  w = s.w;
@@ -182,8 +173,7 @@ static __device__ void bulk_produce(const bulk_params & p, bulk_pos cur, const b
         flag[slot]           = 0;
         const uint32_t bytes = (uint32_t) (c.nrows * s.row_stride);
         bulk_bar_arrive_expect(&full[slot], bytes);
-        bulk_copy(stages + slot * (kBulkStage + kBulkSlack), w + (int64_t) c.row0 * s.row_stride, bytes, &full[slot],
-                  policy);
+        bulk_copy(stages + slot * p.stage_bytes, w + (int64_t) c.row0 * s.row_stride, bytes, &full[slot], policy);
     }
 }
 
@@ -200,33 +190,32 @@ static __device__ __forceinline__ gemv_x bulk_x_of(const bulk_params & p, const 
     return x;
 }
 
-static __device__ __forceinline__ void bulk_store(const bulk_seg & s, int inst, int row, float v, int lab = 0) {
+static __device__ __forceinline__ void bulk_store(const bulk_seg & s, int inst, int row, float v, int lab) {
     if (lab & 4) {
         if (v == 1234.5f) {
             s.out[0] = v;  // keeps the math
         }
         return;
     }
-    const int64_t at = inst * s.out_stride + row;  // dense: inst 0
     if (s.epilogue == FRT_GEMV_ADD) {
         v += s.residual[inst * s.residual_stride + row];
     }
-    s.out[at] = v;
+    s.out[inst * s.out_stride + row] = v;  // dense: inst 0
 }
 
-// The rows of a chunk of an item type (every type but GGUF Q6_K/Q8_0), in this warp's stage: lpr
-// lanes a row (32 / lpr rows at once), lane li multiplies items li, li + lpr, ..., kBulkItems of
-// them loaded before any is multiplied, so that their shared-memory latencies overlap.
+// This warp's rows of a chunk of the launch's item type: row groups warp, warp + kBulkWarps, ...
+// (32 / lpr rows a group, lpr lanes a row), lane li multiplying items li, li + lpr, ..., kBulkItems
+// of them loaded before any is multiplied so that their shared-memory latencies overlap.
 template <int TYPE>
 static __device__ void bulk_item_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                      const uint8_t * buf, const uint8_t * smem, int lane) {
+                                      const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
     using tr          = gemv_direct<TYPE>;
     constexpr int U   = kBulkItems;
     const int     k   = p.x.k;
     const int     rpw = 32 / s.lpr, sub = lane / s.lpr, li = lane % s.lpr;
     const bool    swap = lane & 4;
     const gemv_x  x    = bulk_x_of(p, s, c.inst, smem);
-    for (int r0 = 0; r0 < c.nrows; r0 += rpw) {
+    for (int r0 = warp * rpw; r0 < c.nrows; r0 += kBulkWarps * rpw) {
         const int       r   = r0 + sub;
         const bool      ok  = r < c.nrows;
         const uint8_t * row = buf + (int64_t) (ok ? r : 0) * s.row_stride;
@@ -273,15 +262,13 @@ static __device__ void bulk_item_rows(const bulk_params & p, const bulk_seg & s,
     }
 }
 
-// The rows of a chunk of GGUF Q6_K/Q8_0 (its stage is 16-byte aligned, as gemv_staged_* want),
-// through the register kernel's staged decoders.
+// This warp's rows of a chunk of another type (GGUF Q6_K/Q8_0, or repacked ones in a pack of
+// another item type): a quantum of rows a warp in turn (16-byte aligned in the stage, as
+// gemv_staged_* want), through the register kernel's staged decoders.
 template <int TYPE>
 static __device__ void bulk_staged_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                        const uint8_t * buf, const uint8_t * smem, int lane) {
+                                        const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
     gemv_batch b;
-    b.row0            = c.row0;
-    b.rows            = c.row0 + c.nrows;
-    b.nrows           = c.nrows;
     b.k               = p.x.k;
     b.nt              = 1;
     b.x               = bulk_x_of(p, s, c.inst, smem);
@@ -290,47 +277,57 @@ static __device__ void bulk_staged_rows(const bulk_params & p, const bulk_seg & 
     b.residual        = s.residual ? s.residual + c.inst * s.residual_stride : nullptr;
     b.residual_stride = 0;
     b.epilogue        = s.epilogue;
-    if (TYPE == FRT_GEMV_Q6_K) {
-        gemv_staged_q6_k<1, false>(b, buf, c.nrows, (int) s.row_stride, lane);
-    } else {
-        gemv_staged_q8_0<1, false>(b, buf, c.nrows, (int) s.row_stride, lane);
+    const int rb      = (int) s.row_stride;  // staged rows are contiguous
+    for (int r0 = warp * s.quantum; r0 < c.nrows; r0 += kBulkWarps * s.quantum) {
+        const int nr = min(s.quantum, c.nrows - r0);
+        b.row0       = c.row0 + r0;
+        b.rows       = b.row0 + nr;
+        b.nrows      = nr;
+        if (TYPE == FRT_GEMV_Q6_K || TYPE == FRT_GEMV_Q6_K_R) {
+            gemv_staged_q6_k<1, TYPE == FRT_GEMV_Q6_K_R>(b, buf + r0 * rb, nr, rb, lane);
+        } else {
+            gemv_staged_q8_0<1, TYPE == FRT_GEMV_Q8_0_R>(b, buf + r0 * rb, nr, rb, lane);
+        }
     }
 }
 
+template <int DIRECT>
 static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, const uint8_t * buf,
-                                 const uint8_t * smem, int lane) {
+                                 const uint8_t * smem, int warp, int lane) {
     // A copy in registers: the hot loops read its fields, and a dynamically indexed kernel
     // parameter is a slow load each time.
     const bulk_seg s = p.seg[c.si];
+    if (!s.staged) {
+        if constexpr (DIRECT >= 0) {
+            bulk_item_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
+        }
+        return;
+    }
     switch (s.type) {
-        case FRT_GEMV_F32:    bulk_item_rows<FRT_GEMV_F32>(p, s, c, buf, smem, lane); break;
-        case FRT_GEMV_F16:    bulk_item_rows<FRT_GEMV_F16>(p, s, c, buf, smem, lane); break;
-        case FRT_GEMV_BF16:   bulk_item_rows<FRT_GEMV_BF16>(p, s, c, buf, smem, lane); break;
-        case FRT_GEMV_Q4_K:   bulk_item_rows<FRT_GEMV_Q4_K>(p, s, c, buf, smem, lane); break;
-        case FRT_GEMV_Q5_K:   bulk_item_rows<FRT_GEMV_Q5_K>(p, s, c, buf, smem, lane); break;
-        case FRT_GEMV_Q6_K_R: bulk_item_rows<FRT_GEMV_Q6_K_R>(p, s, c, buf, smem, lane); break;
-        case FRT_GEMV_Q8_0_R: bulk_item_rows<FRT_GEMV_Q8_0_R>(p, s, c, buf, smem, lane); break;
-        case FRT_GEMV_Q6_K:   bulk_staged_rows<FRT_GEMV_Q6_K>(p, s, c, buf, smem, lane); break;
-        default:              bulk_staged_rows<FRT_GEMV_Q8_0>(p, s, c, buf, smem, lane); break;
+        case FRT_GEMV_Q6_K:   bulk_staged_rows<FRT_GEMV_Q6_K>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q8_0:   bulk_staged_rows<FRT_GEMV_Q8_0>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q6_K_R: bulk_staged_rows<FRT_GEMV_Q6_K_R>(p, s, c, buf, smem, warp, lane); break;
+        default:              bulk_staged_rows<FRT_GEMV_Q8_0_R>(p, s, c, buf, smem, warp, lane); break;
     }
 }
 
 // ---- the kernel ----
 
-// Registers: an SM sub-partition's 16K hold 3 of the block's 12 warps at 168 registers (13 warps
-// would cap them at 128, and the math spills there).
-__maxnreg__(168) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
+// One item type an instance (DIRECT, -1 for none; the other segments are staged), as the register
+// kernel does: all of them in one kernel spill at 4 items a lane.
+template <int DIRECT>
+__launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ uint64_t full[kBulkStages], empty[kBulkStages];
-    __shared__ int32_t  flag[kBulkStages];
+    __shared__ uint64_t full[kBulkMaxStages], empty[kBulkMaxStages];
+    __shared__ int32_t  flag[kBulkMaxStages];
     const int      warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const bulk_pos begin = bulk_first_at(p, p.total_bytes * blockIdx.x / gridDim.x);
     const bulk_pos end   = bulk_first_at(p, p.total_bytes * (blockIdx.x + 1) / gridDim.x);
     uint8_t *      stages = smem + p.smem_stage;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < kBulkStages; ++s) {
+        for (int s = 0; s < p.stages; ++s) {
             bulk_bar_init(&full[s], 1);
-            bulk_bar_init(&empty[s], 1);
+            bulk_bar_init(&empty[s], kBulkWarps);
         }
         bulk_bar_init_fence();
     }
@@ -350,19 +347,16 @@ __maxnreg__(168) static __global__ void frt_gemv_bulk_kernel(const __grid_consta
 #if defined(__CUDA_ARCH__)
     asm volatile("bar.sync 1, %0;" ::"r"(32 * kBulkWarps) : "memory");
 #endif
-    // This warp's chunks: every kBulkWarps-th of the block's, each in this warp's next stage.
+    // Every consumer warp takes its rows of every chunk of the block.
     bulk_pos   cur = begin;
     bulk_chunk c;
     for (int i = 0; bulk_next(p, cur, end, c); ++i) {
-        if (i % kBulkWarps != warp) {
-            continue;
-        }
-        const int slot = bulk_slot(i);
-        bulk_bar_wait(&full[slot], bulk_parity(i));
+        const int slot = i % p.stages;
+        bulk_bar_wait(&full[slot], (i / p.stages) & 1);
         if (p.lab & 1) {
         } else if (flag[slot] >= 0) {
-            bulk_rows(p, c, stages + slot * (kBulkStage + kBulkSlack), smem, lane);
-        } else {
+            bulk_rows<DIRECT>(p, c, stages + slot * p.stage_bytes, smem, warp, lane);
+        } else if (warp == 0) {
             // No matrix to read: the rows of this slot become NaN, visibly.
             for (int r = lane; r < c.nrows; r += 32) {
                 p.seg[c.si].out[c.inst * p.seg[c.si].out_stride + c.row0 + r] = __int_as_float(0x7fffffff);
@@ -376,6 +370,27 @@ __maxnreg__(168) static __global__ void frt_gemv_bulk_kernel(const __grid_consta
 }
 
 // ---- launching (host) ----
+
+template <int DIRECT> static cudaError_t bulk_launch(const bulk_params & p, int smem, const gemv_device & dev,
+                                                     int device, cudaStream_t stream) {
+    static std::once_flag once[kMaxDevices];
+    static cudaError_t    allowed[kMaxDevices];
+    const auto            allow = [&] {
+        return cudaFuncSetAttribute(frt_gemv_bulk_kernel<DIRECT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    dev.smem_optin - kBulkStatic);
+    };
+    cudaError_t err;
+    if (device < 0 || device >= kMaxDevices) {
+        err = allow();
+    } else {
+        std::call_once(once[device], [&] { allowed[device] = allow(); });
+        err = allowed[device];
+    }
+    if (err != cudaSuccess) {
+        return err;
+    }
+    return frt_launch(frt_gemv_bulk_kernel<DIRECT>, dim3(dev.sms), dim3(kBulkThreads), (size_t) smem, stream, p);
+}
 
 cudaError_t frt_gemv_bulk_launch(const frt_gemv_args & a, cudaStream_t stream) {
     int         device = 0;
@@ -392,25 +407,19 @@ cudaError_t frt_gemv_bulk_launch(const frt_gemv_args & a, cudaStream_t stream) {
     }
     bulk_params p;
     int         smem = 0;
-    if (frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, p, smem) != nullptr) {
+    if (frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem) != nullptr) {
         return cudaErrorInvalidValue;
     }
     const char * lab = std::getenv("FRT_GEMV_BULK_LAB");
     p.lab            = lab ? std::atoi(lab) : 0;
-    static std::once_flag once[kMaxDevices];
-    static cudaError_t    allowed[kMaxDevices];
-    const auto            allow = [&] {
-        return cudaFuncSetAttribute(frt_gemv_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    dev.smem_optin - kBulkStatic);
-    };
-    if (device < 0 || device >= kMaxDevices) {
-        err = allow();
-    } else {
-        std::call_once(once[device], [&] { allowed[device] = allow(); });
-        err = allowed[device];
+    switch (p.direct) {
+        case FRT_GEMV_F32:    return bulk_launch<FRT_GEMV_F32>(p, smem, dev, device, stream);
+        case FRT_GEMV_F16:    return bulk_launch<FRT_GEMV_F16>(p, smem, dev, device, stream);
+        case FRT_GEMV_BF16:   return bulk_launch<FRT_GEMV_BF16>(p, smem, dev, device, stream);
+        case FRT_GEMV_Q4_K:   return bulk_launch<FRT_GEMV_Q4_K>(p, smem, dev, device, stream);
+        case FRT_GEMV_Q5_K:   return bulk_launch<FRT_GEMV_Q5_K>(p, smem, dev, device, stream);
+        case FRT_GEMV_Q6_K_R: return bulk_launch<FRT_GEMV_Q6_K_R>(p, smem, dev, device, stream);
+        case FRT_GEMV_Q8_0_R: return bulk_launch<FRT_GEMV_Q8_0_R>(p, smem, dev, device, stream);
+        default:              return bulk_launch<-1>(p, smem, dev, device, stream);
     }
-    if (err != cudaSuccess) {
-        return err;
-    }
-    return frt_launch(frt_gemv_bulk_kernel, dim3(dev.sms), dim3(kBulkThreads), (size_t) smem, stream, p);
 }

@@ -5,14 +5,13 @@
 
 #include "gemv-impl.cuh"
 
-static constexpr int kBulkWarps      = 11;                     // consumer warps of a block
-static constexpr int kBulkThreads    = 32 * (kBulkWarps + 1);  // and one producer warp
-static constexpr int kBulkWarpStages = 2;                      // shared-memory stages of each consumer warp
-static constexpr int kBulkStages     = kBulkWarps * kBulkWarpStages;
-static constexpr int kBulkStage      = 8192;  // bytes of one stage
-static constexpr int kBulkItems      = 2;     // items a lane loads before it multiplies them (4 spills)
-static constexpr int kBulkSlack      = 16;    // the staged Q8_0 decoder reads up to 2 bytes past a chunk
-static constexpr int kBulkStatic     = 1024;  // static shared memory: barriers, chunk flags, prologue sums
+static constexpr int kBulkWarps     = 12;                     // consumer warps of a block
+static constexpr int kBulkThreads   = 32 * (kBulkWarps + 1);  // and one producer warp (128 registers)
+static constexpr int kBulkItems     = 4;      // items a lane loads before it multiplies them
+static constexpr int kBulkStageWant = 32768;  // bytes a stage is sized for
+static constexpr int kBulkMaxStages = 16;
+static constexpr int kBulkSlack     = 16;     // the staged Q8_0 decoder reads up to 2 bytes past a chunk
+static constexpr int kBulkStatic    = 1024;   // static shared memory: barriers, chunk flags, prologue sums
 
 struct bulk_seg {
     const uint8_t * w;
@@ -24,7 +23,8 @@ struct bulk_seg {
     int64_t         inst_bytes;   // bytes of one instance: rows x row_stride
     int             type, rows, epilogue, n_used, n_experts, n_inst, x_per_token;
     int             quantum;     // chunks start at multiples of this many rows (16-byte aligned copies)
-    int             chunk_rows;  // rows of a full chunk: a multiple of quantum, at most kBulkStage bytes
+    int             chunk_rows;  // rows of a full chunk: a multiple of quantum (and, where a stage holds them,
+                                 // of the rows all consumer warps take at once)
     int             units;       // quanta an instance: ceil(rows / quantum)
     int             staged;      // GGUF Q6_K/Q8_0: decoded block by block (gemv_staged_*), else item by item
     int             units_per_row, lpr, ipl;  // items: per row, lanes a row, items a lane
@@ -32,7 +32,7 @@ struct bulk_seg {
 
 struct bulk_params {
     gemv_x_in x;
-    int       n_segments;
+    int       n_segments, direct, stages, stage_bytes;  // direct: the item type (-1: none)
     int       smem_xq, smem_xm, smem_xf, smem_stage;
     int64_t   total_bytes;
     int       lab;  // FRT_GEMV_BULK_LAB (experiments, bench only): 1 no math, 4 no stores
@@ -40,8 +40,9 @@ struct bulk_params {
 };
 
 // nullptr and the plan with its dynamic shared memory, or why the bulk kernel does not take `a`
-// (gemv.cu). smem_optin: the most dynamic shared memory a block of the device may have.
-const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, bulk_params & p, int & smem);
+// (gemv.cu). smem_optin: the most dynamic shared memory a block of the device may have; sms: its
+// SMs (one block each).
+const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, bulk_params & p, int & smem);
 
 // Launches the bulk kernel (gemv-bulk.cu); cudaErrorInvalidValue when the plan refuses `a`,
 // cudaErrorNotSupported before sm_90.

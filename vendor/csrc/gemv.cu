@@ -208,7 +208,7 @@ static const char * gemv_bulk_unsupported(const frt_gemv_args & a) {
     }
     bulk_params p;
     int         smem = 0;
-    return frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, p, smem);
+    return frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem);
 }
 
 const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
@@ -220,8 +220,8 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
     }
 }
 
-// The bulk kernel's plan: which rows each stage holds, how the items of a row spread over lanes.
-const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, bulk_params & p, int & smem) {
+// The bulk kernel's plan: which rows a stage holds, how the items of a row spread over lanes.
+const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, bulk_params & p, int & smem) {
     if (a.k <= 0 || a.k % 256 != 0) {
         return "frt_gemv: k must be a positive multiple of 256";
     }
@@ -243,15 +243,22 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, bulk_pa
     if (a.norm != nullptr && a.x_per_token > FRT_GEMV_MAX_TOKENS) {
         return "frt_gemv: the RMS norm prologue takes at most 8 input vectors";
     }
+    for (int i = 0; i < a.n_segments; ++i) {
+        if (a.seg[i].type < 0 || a.seg[i].type >= FRT_GEMV_TYPE_COUNT) {
+            return "frt_gemv: unknown weight type";
+        }
+    }
+    p.direct = gemv_direct_type(a);
+    if (p.direct == -2) {
+        return "frt_gemv: one launch takes one of F32/F16/BF16/Q4_K/Q5_K (Q6_K and Q8_0, GGUF or repacked, may join "
+               "any): split the pack by type";
+    }
     p.x          = { a.x, a.norm, a.x_stride, a.eps, a.k, a.x_per_token, 0, 0 };
     p.n_segments = a.n_segments;
-    int64_t bytes = 0;
+    int64_t bytes = 0, stage = 0;
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
         bulk_seg &               q = p.seg[i];
-        if (s.type < 0 || s.type >= FRT_GEMV_TYPE_COUNT) {
-            return "frt_gemv: unknown weight type";
-        }
         if (s.w == nullptr || !gemv_aligned16(s.w) || s.out == nullptr || s.rows < 1) {
             return "frt_gemv: a segment needs 16-byte aligned weights, an output and rows >= 1";
         }
@@ -259,11 +266,12 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, bulk_pa
             return "frt_gemv: unknown epilogue, or FRT_GEMV_ADD without a residual";
         }
         const int64_t row_bytes = frt_gemv_row_bytes(s.type, a.k);
-        q.staged                = s.type == FRT_GEMV_Q6_K || s.type == FRT_GEMV_Q8_0;
+        q.staged                = s.type != p.direct;
         if (q.staged ? s.row_stride != row_bytes || (int64_t) s.rows * row_bytes % 16 != 0
                      : s.row_stride < row_bytes || s.row_stride % 16 != 0) {
-            return "frt_gemv: row stride: GGUF Q6_K/Q8_0 rows must be contiguous and the matrix a multiple of 16 "
-                   "bytes, the others' rows a multiple of 16 bytes no smaller than the row";
+            return "frt_gemv: row stride: GGUF Q6_K/Q8_0 rows (and repacked ones in a pack of another type) must be "
+                   "contiguous and their matrix a multiple of 16 bytes, the others' rows a multiple of 16 bytes no "
+                   "smaller than the row";
         }
         if (s.ids != nullptr) {
             if (s.n_used < 1 || s.n_used > FRT_GEMV_MAX_SLOTS || s.n_experts < 1 || s.expert_stride % 16 != 0 ||
@@ -299,21 +307,34 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, bulk_pa
         while (q.quantum * s.row_stride % 16 != 0) {
             ++q.quantum;
         }
-        if (q.quantum * s.row_stride > kBulkStage) {
-            return "frt_gemv: the bulk kernel's stage (8 KB) holds no row of this matrix";
-        }
-        q.chunk_rows    = (int) (kBulkStage / (q.quantum * s.row_stride)) * q.quantum;
         q.units         = (s.rows + q.quantum - 1) / q.quantum;
         q.inst_bytes    = (int64_t) s.rows * s.row_stride;
         q.bytes_begin   = bytes;
         bytes += q.n_inst * q.inst_bytes;
         q.units_per_row = gemv_units_per_row(s.type, a.k);
-        // Lanes a row: enough items a lane for kBulkItems loads in flight, 8 lanes at least.
+        // Lanes a row: the fewest (8 at least) that give a lane at most kBulkItems items, or a warp
+        // a row when a block's share of the rows would leave warps idle.
         q.lpr = 8;
-        while (q.lpr < 32 && q.units_per_row >= 2 * q.lpr * kBulkItems) {
+        while (q.lpr < 32 && (q.units_per_row + q.lpr - 1) / q.lpr > kBulkItems) {
             q.lpr *= 2;
         }
+        if ((int64_t) q.n_inst * s.rows < (int64_t) sms * kBulkWarps * (32 / q.lpr)) {
+            q.lpr = 32;
+        }
         q.ipl = (q.units_per_row + q.lpr - 1) / q.lpr;
+        // Chunks: the rows every consumer warp takes at once (a row group each, or a quantum each
+        // for staged rows), as many of those as kBulkStageWant holds (one if it holds none but
+        // twice it does); else the quanta kBulkStageWant holds (one at least).
+        const int64_t group_rows = (int64_t) kBulkWarps * (q.staged ? q.quantum : 32 / q.lpr);
+        const int64_t group      = group_rows * s.row_stride;
+        const int64_t unit       = (int64_t) q.quantum * s.row_stride;
+        if (unit > 2 * kBulkStageWant) {
+            return "frt_gemv: the bulk kernel's stages hold no row of this matrix";
+        }
+        q.chunk_rows = group <= 2 * kBulkStageWant
+                           ? (int) (std::max<int64_t>(1, kBulkStageWant / group) * group_rows)
+                           : (int) (std::max<int64_t>(1, kBulkStageWant / unit) * q.quantum);
+        stage = std::max(stage, (int64_t) q.chunk_rows * s.row_stride);
     }
     p.total_bytes = bytes;
     p.lab         = 0;
@@ -328,10 +349,16 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, bulk_pa
     p.smem_xq           = take(at, p.x.need_q8 ? n_vec * a.k : 0);
     p.smem_xf           = take(at, p.x.need_f32 ? 4 * n_vec * a.k : 0);
     p.smem_stage        = at;
-    smem = at + kBulkStages * (kBulkStage + kBulkSlack);
-    if (smem > smem_optin) {
+    // Stages: what a block's share needs (all of it in flight before the wait for the previous
+    // kernel when it fits), at most what shared memory holds.
+    p.stage_bytes       = (int) ((stage + 15) / 16 * 16) + kBulkSlack;
+    const int64_t want  = (bytes / std::max(sms, 1) + stage - 1) / stage + 1;
+    p.stages            = (int) std::min<int64_t>({ std::max<int64_t>(want, 2), kBulkMaxStages,
+                                                    (smem_optin - at) / p.stage_bytes });
+    if (p.stages < 2) {
         return "frt_gemv: the inputs leave the bulk kernel too little shared memory";
     }
+    smem = at + p.stages * p.stage_bytes;
     return nullptr;
 }
 

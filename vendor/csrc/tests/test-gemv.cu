@@ -52,7 +52,6 @@ struct test_case {
     bool                  x_per_slot  = false;  // down projections: one input vector a slot
     bool                  repeat_ids  = false;  // the same expert twice in a token and across tokens
     bool                  bad_id      = false;  // one slot's id out of range: its rows must be NaN
-    bool                  bulk_only   = false;  // several direct-path types: the register kernel refuses
 };
 
 template <typename T> T * upload(const std::vector<T> & v) {
@@ -366,7 +365,13 @@ bool run_refusals() {
               a.seg[1]            = a.seg[0];
               a.seg[1].type       = FRT_GEMV_F32;
               a.seg[1].row_stride = frt_gemv_row_bytes(FRT_GEMV_F32, 2048);
-          }, FRT_GEMV_KERNEL_REGISTERS },
+          } },
+        { "Q4_K and F32 in one launch (bulk)", [](frt_gemv_args & a) {
+              a.n_segments        = 2;
+              a.seg[1]            = a.seg[0];
+              a.seg[1].type       = FRT_GEMV_F32;
+              a.seg[1].row_stride = frt_gemv_row_bytes(FRT_GEMV_F32, 2048);
+          }, FRT_GEMV_KERNEL_BULK },
         { "2 tokens (bulk)", [](frt_gemv_args & a) { a.tokens = 2; }, FRT_GEMV_KERNEL_BULK },
         { "Q6_K of 630 B x 37 rows (bulk)", [](frt_gemv_args & a) {
               a.k                 = 768;
@@ -374,11 +379,11 @@ bool run_refusals() {
               a.seg[0].rows       = 37;
               a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K, 768);
           }, FRT_GEMV_KERNEL_BULK },
-        { "F32 rows of 32 KB (bulk)", [](frt_gemv_args & a) {
-              a.k                 = 8192;
-              a.x_stride          = 8192;
+        { "F32 rows of 128 KB (bulk)", [](frt_gemv_args & a) {
+              a.k                 = 32768;
+              a.x_stride          = 32768;
               a.seg[0].type       = FRT_GEMV_F32;
-              a.seg[0].row_stride = 4 * 8192;
+              a.seg[0].row_stride = 4 * 32768;
           }, FRT_GEMV_KERNEL_BULK },
         { "GGUF Q6_K rows not contiguous", [](frt_gemv_args & a) {
               a.seg[0].type       = FRT_GEMV_Q6_K;
@@ -501,18 +506,14 @@ int main(int argc, char ** argv) {
     }
 
     // 1-token launches only with the bulk kernel: every case at 1 token with both kernels.
-    {
-        test_case c{ "mixed pack: f32 + q4_K + q6_K_R + bf16", 2048, 1,
-                     { S{ F32, 256 }, S{ Q4, 700 }, S{ Q6, 300, true }, S{ BF16, 33 } }, true };
-        c.bulk_only = true;
-        add(c);
-    }
+    add({ "pack: q4_K + q6_K_R + GGUF q8_0 + q6_K", 2048, 1,
+          { S{ Q4, 700 }, S{ Q6, 300, true }, S{ Q8, 40 }, S{ Q6, 16 } }, true });
     add({ "q5_K 1000 rows, residual", 768, 1, { S{ Q5, 1000, false, 0, true } } });
     add({ "q6_K GGUF k=256, 24 rows", 256, 1, { S{ Q6, 24 } } });
     add({ "q8_0 GGUF 104 rows + q6_K 8 rows", 512, 1, { S{ Q8, 104 }, S{ Q6, 8 } } });
     add({ "f16 333 rows, normed", 256, 1, { S{ F16, 333 } }, true });
     add({ "q4_K 5 rows, k=256", 256, 1, { S{ Q4, 5 } } });
-    add({ "f32 k=2048 (a row a stage)", 2048, 1, { S{ F32, 300 } } });
+    add({ "f32 k=2048, 300 rows", 2048, 1, { S{ F32, 300 } } });
     {
         test_case c{ "down experts + residual, 1 token", 512, 1, { S{ Q6, 2048, false, 16, true } } };
         c.n_used = 8, c.x_per_slot = true, c.bad_id = true;
@@ -524,9 +525,6 @@ int main(int argc, char ** argv) {
         for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_REGISTERS, FRT_GEMV_KERNEL_BULK }) {
             if (kernel == FRT_GEMV_KERNEL_BULK && c.tokens != 1) {
                 continue;  // the bulk kernel takes 1 token (refusals below)
-            }
-            if (kernel == FRT_GEMV_KERNEL_REGISTERS && c.bulk_only) {
-                continue;
             }
             failed += run_case(c, kernel, rng) ? 0 : 1;
             ++total;
