@@ -203,66 +203,10 @@ static __device__ __forceinline__ void bulk_store(const bulk_seg & s, int inst, 
     s.out[inst * s.out_stride + row] = v;  // dense: inst 0
 }
 
-// bulk_item_rows for a quantized item type with at most kBulkItems items a lane: held[u] is the x
-// of item u of this lane (the same in every row).
-template <int TYPE>
-static __device__ void bulk_item_rows_held(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                           const uint8_t * buf, const gemv_x_held (&held)[kBulkItems], int warp,
-                                           int lane) {
-    using tr          = gemv_direct<TYPE>;
-    constexpr int U   = kBulkItems;
-    const int     k   = p.x.k;
-    const int     rpw = 32 / s.lpr, sub = lane / s.lpr, li = lane % s.lpr;
-    const bool    swap = lane & 4;
-    for (int r0 = warp * rpw; r0 < c.nrows; r0 += p.warps * rpw) {
-        const int       r   = r0 + sub;
-        const bool      ok  = r < c.nrows;
-        const uint8_t * row = buf + (int64_t) (ok ? r : 0) * s.row_stride;
-        typename tr::item items[U];
-        uint4             heads[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int it = u * s.lpr + li;
-            if (ok && u < s.ipl && it < s.units_per_row) {
-                uint4    words[tr::kWords];
-                uint32_t smalls[tr::kSmall > 0 ? tr::kSmall : 1];
-#pragma unroll
-                for (int i = 0; i < tr::kWords; ++i) {
-                    words[i] = *(const uint4 *) tr::word(row, it, k, i);
-                }
-#pragma unroll
-                for (int i = 0; i < tr::kSmall; ++i) {
-                    smalls[i] = *(const uint32_t *) tr::small(row, it, k, i);
-                }
-                items[u] = tr::from(words, smalls, it, k);
-                heads[u] = tr::kSharedHead > 0 ? *(const uint4 *) (row + tr::kSharedHead * (it >> 3))
-                                               : make_uint4(0, 0, 0, 0);
-            }
-        }
-        float acc[1] = { 0.0f };
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int it = u * s.lpr + li;
-            if (ok && u < s.ipl && it < s.units_per_row) {
-                tr::template dot<1>(items[u], heads[u], it, swap, held[u], 1, acc);
-            }
-        }
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            if (offset < s.lpr) {
-                acc[0] += __shfl_xor_sync(kFull, acc[0], offset);
-            }
-        }
-        if (ok && li == 0) {
-            bulk_store(s, c.inst, c.row0 + r, acc[0], p.lab);
-        }
-    }
-}
-
-// This warp's rows of a chunk of the launch's item type: row groups warp, warp + warps, ...
+// This warp's rows of a chunk of the launch's item type: row groups warp, warp + kBulkWarps, ...
 // (32 / lpr rows a group, lpr lanes a row), lane li multiplying items li, li + lpr, ..., kBulkItems
 // of them loaded before any is multiplied so that their shared-memory latencies overlap.
-template <int TYPE, bool HELD>
+template <int TYPE>
 static __device__ void bulk_item_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
                                       const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
     using tr          = gemv_direct<TYPE>;
@@ -271,24 +215,7 @@ static __device__ void bulk_item_rows(const bulk_params & p, const bulk_seg & s,
     const int     rpw = 32 / s.lpr, sub = lane / s.lpr, li = lane % s.lpr;
     const bool    swap = lane & 4;
     const gemv_x  x    = bulk_x_of(p, s, c.inst, smem);
-    if constexpr (HELD && TYPE != FRT_GEMV_F32 && TYPE != FRT_GEMV_F16 && TYPE != FRT_GEMV_BF16) {
-        if (s.ipl <= U) {
-            // A lane's items are the same columns in every row: their x in registers, read once.
-            gemv_x_held held[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int it = u * s.lpr + li;
-                if (u < s.ipl && it < s.units_per_row) {
-                    int run_a, run_b;
-                    tr::runs(it, swap, run_a, run_b);
-                    gemv_runs(x, 0, run_a, run_b, held[u].xa, held[u].xb, held[u].ma, held[u].mb);
-                }
-            }
-            bulk_item_rows_held<TYPE>(p, s, c, buf, held, warp, lane);
-            return;
-        }
-    }
-    for (int r0 = warp * rpw; r0 < c.nrows; r0 += p.warps * rpw) {
+    for (int r0 = warp * rpw; r0 < c.nrows; r0 += kBulkWarps * rpw) {
         const int       r   = r0 + sub;
         const bool      ok  = r < c.nrows;
         const uint8_t * row = buf + (int64_t) (ok ? r : 0) * s.row_stride;
@@ -351,7 +278,7 @@ static __device__ void bulk_staged_rows(const bulk_params & p, const bulk_seg & 
     b.residual_stride = 0;
     b.epilogue        = s.epilogue;
     const int rb      = (int) s.row_stride;  // staged rows are contiguous
-    for (int r0 = warp * s.quantum; r0 < c.nrows; r0 += p.warps * s.quantum) {
+    for (int r0 = warp * s.quantum; r0 < c.nrows; r0 += kBulkWarps * s.quantum) {
         const int nr = min(s.quantum, c.nrows - r0);
         b.row0       = c.row0 + r0;
         b.rows       = b.row0 + nr;
@@ -364,7 +291,7 @@ static __device__ void bulk_staged_rows(const bulk_params & p, const bulk_seg & 
     }
 }
 
-template <int DIRECT, bool HELD>
+template <int DIRECT>
 static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, const uint8_t * buf,
                                  const uint8_t * smem, int warp, int lane) {
     // A copy in registers: the hot loops read its fields, and a dynamically indexed kernel
@@ -372,7 +299,7 @@ static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, co
     const bulk_seg s = p.seg[c.si];
     if (!s.staged) {
         if constexpr (DIRECT >= 0) {
-            bulk_item_rows<DIRECT, HELD>(p, s, c, buf, smem, warp, lane);
+            bulk_item_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
         }
         return;
     }
@@ -387,9 +314,9 @@ static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, co
 // ---- the kernel ----
 
 // One item type an instance (DIRECT, -1 for none; the other segments are staged), as the register
-// kernel does: all of them in one kernel spill at 4 items a lane. W consumer warps (p.warps).
-template <int DIRECT, int W>
-__launch_bounds__(32 * (W + 1), 1) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
+// kernel does: all of them in one kernel spill at 4 items a lane.
+template <int DIRECT>
+__launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ uint64_t full[kBulkMaxStages], empty[kBulkMaxStages];
     __shared__ int32_t  flag[kBulkMaxStages];
@@ -400,14 +327,14 @@ __launch_bounds__(32 * (W + 1), 1) static __global__ void frt_gemv_bulk_kernel(c
     if (threadIdx.x == 0) {
         for (int s = 0; s < p.stages; ++s) {
             bulk_bar_init(&full[s], 1);
-            bulk_bar_init(&empty[s], W);
+            bulk_bar_init(&empty[s], kBulkWarps);
         }
         bulk_bar_init_fence();
     }
     __syncthreads();
     // Every wait below still covers all of this kernel's writes: the next kernel may start now.
     frt_pdl_launch_dependents();
-    if (warp == W) {
+    if (warp == kBulkWarps) {
         // The weights are not written by earlier kernels: their copies start before the wait.
         if (lane == 0) {
             bulk_produce(p, begin, end, stages, full, empty, flag);
@@ -415,10 +342,10 @@ __launch_bounds__(32 * (W + 1), 1) static __global__ void frt_gemv_bulk_kernel(c
         return;
     }
     frt_pdl_wait();
-    gemv_prologue_x<32 * W>(p.x, (int8_t *) (smem + p.smem_xq), (uint2 *) (smem + p.smem_xm),
+    gemv_prologue_x<32 * kBulkWarps>(p.x, (int8_t *) (smem + p.smem_xq), (uint2 *) (smem + p.smem_xm),
                                      (float *) (smem + p.smem_xf), threadIdx.x, 1);
 #if defined(__CUDA_ARCH__)
-    asm volatile("bar.sync 1, %0;" ::"r"(32 * W) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"r"(32 * kBulkWarps) : "memory");
 #endif
     // Every consumer warp takes its rows of every chunk of the block.
     bulk_pos   cur = begin;
@@ -428,7 +355,7 @@ __launch_bounds__(32 * (W + 1), 1) static __global__ void frt_gemv_bulk_kernel(c
         bulk_bar_wait(&full[slot], (i / p.stages) & 1);
         if (p.lab & 1) {
         } else if (flag[slot] >= 0) {
-            bulk_rows<DIRECT, W == kBulkWarpsHeld>(p, c, stages + slot * p.stage_bytes, smem, warp, lane);
+            bulk_rows<DIRECT>(p, c, stages + slot * p.stage_bytes, smem, warp, lane);
         } else if (warp == 0) {
             // No matrix to read: the rows of this slot become NaN, visibly.
             for (int r = lane; r < c.nrows; r += 32) {
@@ -444,13 +371,13 @@ __launch_bounds__(32 * (W + 1), 1) static __global__ void frt_gemv_bulk_kernel(c
 
 // ---- launching (host) ----
 
-template <int DIRECT, int W>
+template <int DIRECT>
 static cudaError_t bulk_launch(const bulk_params & p, int smem, const gemv_device & dev, int device,
                                cudaStream_t stream) {
     static std::once_flag once[kMaxDevices];
     static cudaError_t    allowed[kMaxDevices];
     const auto            allow = [&] {
-        return cudaFuncSetAttribute(frt_gemv_bulk_kernel<DIRECT, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        return cudaFuncSetAttribute(frt_gemv_bulk_kernel<DIRECT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     dev.smem_optin - kBulkStatic);
     };
     cudaError_t err;
@@ -463,22 +390,7 @@ static cudaError_t bulk_launch(const bulk_params & p, int smem, const gemv_devic
     if (err != cudaSuccess) {
         return err;
     }
-    return frt_launch(frt_gemv_bulk_kernel<DIRECT, W>, dim3(dev.sms), dim3(32 * (W + 1)), (size_t) smem, stream, p);
-}
-
-template <int W>
-static cudaError_t bulk_launch_warps(const bulk_params & p, int smem, const gemv_device & dev, int device,
-                                     cudaStream_t stream) {
-    switch (p.direct) {
-        case FRT_GEMV_F32:    return bulk_launch<FRT_GEMV_F32, W>(p, smem, dev, device, stream);
-        case FRT_GEMV_F16:    return bulk_launch<FRT_GEMV_F16, W>(p, smem, dev, device, stream);
-        case FRT_GEMV_BF16:   return bulk_launch<FRT_GEMV_BF16, W>(p, smem, dev, device, stream);
-        case FRT_GEMV_Q4_K:   return bulk_launch<FRT_GEMV_Q4_K, W>(p, smem, dev, device, stream);
-        case FRT_GEMV_Q5_K:   return bulk_launch<FRT_GEMV_Q5_K, W>(p, smem, dev, device, stream);
-        case FRT_GEMV_Q6_K_R: return bulk_launch<FRT_GEMV_Q6_K_R, W>(p, smem, dev, device, stream);
-        case FRT_GEMV_Q8_0_R: return bulk_launch<FRT_GEMV_Q8_0_R, W>(p, smem, dev, device, stream);
-        default:              return bulk_launch<-1, W>(p, smem, dev, device, stream);
-    }
+    return frt_launch(frt_gemv_bulk_kernel<DIRECT>, dim3(dev.sms), dim3(kBulkThreads), (size_t) smem, stream, p);
 }
 
 cudaError_t frt_gemv_bulk_launch(const frt_gemv_args & a, cudaStream_t stream) {
@@ -494,15 +406,21 @@ cudaError_t frt_gemv_bulk_launch(const frt_gemv_args & a, cudaStream_t stream) {
     if (dev.cc_major < 9) {
         return cudaErrorNotSupported;
     }
-    const char * lab_env = std::getenv("FRT_GEMV_BULK_LAB");
-    const int    lab     = lab_env ? std::atoi(lab_env) : 0;
-    const int    warps   = (lab & 8) ? kBulkWarpsHeld : kBulkWarps;
-    bulk_params  p;
-    int          smem = 0;
-    if (frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, warps, p, smem) != nullptr) {
+    bulk_params p;
+    int         smem = 0;
+    if (frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem) != nullptr) {
         return cudaErrorInvalidValue;
     }
-    p.lab = lab;
-    return warps == kBulkWarpsHeld ? bulk_launch_warps<kBulkWarpsHeld>(p, smem, dev, device, stream)
-                                   : bulk_launch_warps<kBulkWarps>(p, smem, dev, device, stream);
+    const char * lab = std::getenv("FRT_GEMV_BULK_LAB");
+    p.lab            = lab ? std::atoi(lab) : 0;
+    switch (p.direct) {
+        case FRT_GEMV_F32:    return bulk_launch<FRT_GEMV_F32>(p, smem, dev, device, stream);
+        case FRT_GEMV_F16:    return bulk_launch<FRT_GEMV_F16>(p, smem, dev, device, stream);
+        case FRT_GEMV_BF16:   return bulk_launch<FRT_GEMV_BF16>(p, smem, dev, device, stream);
+        case FRT_GEMV_Q4_K:   return bulk_launch<FRT_GEMV_Q4_K>(p, smem, dev, device, stream);
+        case FRT_GEMV_Q5_K:   return bulk_launch<FRT_GEMV_Q5_K>(p, smem, dev, device, stream);
+        case FRT_GEMV_Q6_K_R: return bulk_launch<FRT_GEMV_Q6_K_R>(p, smem, dev, device, stream);
+        case FRT_GEMV_Q8_0_R: return bulk_launch<FRT_GEMV_Q8_0_R>(p, smem, dev, device, stream);
+        default:              return bulk_launch<-1>(p, smem, dev, device, stream);
+    }
 }

@@ -5,10 +5,10 @@
 
 #include "gemv-impl.cuh"
 
-// Consumer warps of a block, and one producer warp: 12 (at 128 registers), or 7 when a lane holds
-// its items' x in registers (2 warps an SM sub-partition: up to 255).
-static constexpr int kBulkWarps     = 12;
-static constexpr int kBulkWarpsHeld = 7;
+// Consumer warps of a block, and one producer warp: 16 warps, 4 an SM sub-partition at 128
+// registers each (13 to 16 warps all get 128).
+static constexpr int kBulkWarps     = 15;
+static constexpr int kBulkThreads   = 32 * (kBulkWarps + 1);
 static constexpr int kBulkItems     = 4;      // items a lane loads before it multiplies them
 static constexpr int kBulkStageWant = 32768;  // bytes a stage is sized for
 static constexpr int kBulkMaxStages = 16;
@@ -35,19 +35,16 @@ struct bulk_seg {
 struct bulk_params {
     gemv_x_in x;
     int       n_segments, direct, stages, stage_bytes;  // direct: the item type (-1: none)
-    int       warps;                                    // consumer warps of a block
     int       smem_xq, smem_xm, smem_xf, smem_stage;
     int64_t   total_bytes;
-    int       lab;  // FRT_GEMV_BULK_LAB (experiments, bench only): 1 no math, 4 no stores, 8 x held in
-                    // registers (kBulkWarpsHeld warps)
+    int       lab;  // FRT_GEMV_BULK_LAB (experiments, bench only): 1 no math, 4 no stores
     bulk_seg  seg[FRT_GEMV_MAX_SEGMENTS];
 };
 
 // nullptr and the plan with its dynamic shared memory, or why the bulk kernel does not take `a`
 // (gemv.cu). smem_optin: the most dynamic shared memory a block of the device may have; sms: its
-// SMs (one block each); warps: consumer warps a block.
-const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, int warps, bulk_params & p,
-                                int & smem);
+// SMs (one block each).
+const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, bulk_params & p, int & smem);
 
 // Launches the bulk kernel (gemv-bulk.cu); cudaErrorInvalidValue when the plan refuses `a`,
 // cudaErrorNotSupported before sm_90.

@@ -208,7 +208,7 @@ static const char * gemv_bulk_unsupported(const frt_gemv_args & a) {
     }
     bulk_params p;
     int         smem = 0;
-    return frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, kBulkWarps, p, smem);
+    return frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem);
 }
 
 const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
@@ -221,8 +221,7 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
 }
 
 // The bulk kernel's plan: which rows a stage holds, how the items of a row spread over lanes.
-const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, int warps, bulk_params & p,
-                                int & smem) {
+const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, bulk_params & p, int & smem) {
     if (a.k <= 0 || a.k % 256 != 0) {
         return "frt_gemv: k must be a positive multiple of 256";
     }
@@ -319,14 +318,14 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
         while (q.lpr < 32 && (q.units_per_row + q.lpr - 1) / q.lpr > kBulkItems) {
             q.lpr *= 2;
         }
-        if ((int64_t) q.n_inst * s.rows < (int64_t) sms * warps * (32 / q.lpr)) {
+        if ((int64_t) q.n_inst * s.rows < (int64_t) sms * kBulkWarps * (32 / q.lpr)) {
             q.lpr = 32;
         }
         q.ipl = (q.units_per_row + q.lpr - 1) / q.lpr;
         // Chunks: the rows every consumer warp takes at once (a row group each, or a quantum each
         // for staged rows), as many of those as kBulkStageWant holds (one if it holds none but
         // twice it does); else the quanta kBulkStageWant holds (one at least).
-        const int64_t group_rows = (int64_t) warps * (q.staged ? q.quantum : 32 / q.lpr);
+        const int64_t group_rows = (int64_t) kBulkWarps * (q.staged ? q.quantum : 32 / q.lpr);
         const int64_t group      = group_rows * s.row_stride;
         const int64_t unit       = (int64_t) q.quantum * s.row_stride;
         if (unit > 2 * kBulkStageWant) {
@@ -339,7 +338,6 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
     }
     p.total_bytes = bytes;
     p.lab         = 0;
-    p.warps       = warps;
     auto take     = [](int & at, int64_t n) {
         const int start = at;
         at += (int) ((n + 127) / 128 * 128);
