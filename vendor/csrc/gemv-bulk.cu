@@ -170,10 +170,21 @@ static __device__ void bulk_produce(const bulk_params & p, bulk_pos cur, const b
             }
             w += (int64_t) expert * s.expert_stride;
         }
-        flag[slot]           = 0;
-        const uint32_t bytes = (uint32_t) (c.nrows * s.row_stride);
-        bulk_bar_arrive_expect(&full[slot], bytes);
-        bulk_copy(stages + slot * p.stage_bytes, w + (int64_t) c.row0 * s.row_stride, bytes, &full[slot], policy);
+        flag[slot] = 0;
+        uint8_t * dst = stages + slot * p.stage_bytes;
+        const uint8_t * src = w + (int64_t) c.row0 * s.row_stride;
+        if (s.pitch == s.row_stride) {
+            const uint32_t bytes = (uint32_t) (c.nrows * s.row_stride);
+            bulk_bar_arrive_expect(&full[slot], bytes);
+            bulk_copy(dst, src, bytes, &full[slot], policy);
+        } else {
+            // Row by row to its pitch (mma rows: a multiple of 16 bytes each).
+            const int row_bytes = s.mma ? 144 * (p.x.k / 256) : (int) s.row_stride;
+            bulk_bar_arrive_expect(&full[slot], (uint32_t) (c.nrows * row_bytes));
+            for (int r = 0; r < c.nrows; ++r) {
+                bulk_copy(dst + r * s.pitch, src + r * s.row_stride, (uint32_t) row_bytes, &full[slot], policy);
+            }
+        }
     }
 }
 
@@ -291,6 +302,103 @@ static __device__ void bulk_staged_rows(const bulk_params & p, const bulk_seg & 
     }
 }
 
+// ---- Q4_K on the tensor cores ----
+
+// D = A B (fresh accumulators): A 16 x 32 int8 (row-major fragment a), B 32 x 8 int8 (column-major
+// fragment b), D 16 x 8 int32. Thread t holds a0: A[t / 4][4 (t % 4) .. + 3], a1: row + 8, a2/a3:
+// the same at k + 16; b0: B[4 (t % 4) .. + 3][t / 4], b1: k + 16; d0/d1: D[t / 4][2 (t % 4) + 0/1],
+// d2/d3: row + 8.
+static __device__ __forceinline__ void bulk_mma_s8(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
+#endif
+}
+
+// A Q4_K row's sum over sub-blocks 2c (int dot de, x run me) and 2c + 1 (do_, mo): the kernel's
+// other paths compute the same terms per 16 values (gemv_k4_dot).
+static __device__ __forceinline__ float bulk_q4k_pair(uint4 head, int c, int de, int do_, uint2 me, uint2 mo) {
+    uint32_t sc2, m2;
+    gemv_k4_scales(head, c, sc2, m2);
+    const float d = gemv_half(head.x), dmin = gemv_half(head.x >> 16);
+    const int   se = gemv_run_sum(me, 0) + gemv_run_sum(me, 1), so = gemv_run_sum(mo, 0) + gemv_run_sum(mo, 1);
+    return __uint_as_float(me.x) * (d * (float) (sc2 & 0xff) * (float) de - dmin * (float) (m2 & 0xff) * (float) se) +
+           __uint_as_float(mo.x) * (d * (float) ((sc2 >> 8) & 0xff) * (float) do_ -
+                                    dmin * (float) ((m2 >> 8) & 0xff) * (float) so);
+}
+
+// The rows of a Q4_K chunk (rows at s.pitch in the stage): tasks of (16-row tile, 256-column
+// block) go round the consumer warps; a task is 8 mma, one a sub-block, with x as column 0 of B
+// (the other 7 columns zero); lanes 4g (g < 8) scale rows g and g + 8 and leave the task's sum in
+// part[row][block]; after a barrier of the consumer warps the blocks of each row are added in
+// order and stored, and a second barrier frees part for the next chunk.
+static __device__ void bulk_q4k_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
+                                         const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
+    const int      k = p.x.k, nb = k / 256, tiles = (c.nrows + 15) / 16;
+    const int      g = lane >> 2, tig = lane & 3;
+    const int      vec = s.x_per_token == 1 ? 0 : c.inst;
+    const int8_t * xq  = (const int8_t *) (smem + p.smem_xq) + vec * k;
+    const uint2 *  xm  = (const uint2 *) (smem + p.smem_xm) + vec * (k / 32);
+    float *        part = (float *) (smem + p.smem_part);
+    for (int task = warp; task < tiles * nb; task += kBulkWarps) {
+        const int       tile = task / nb, blk = task % nb;
+        const int       r_lo = 16 * tile + g, r_hi = r_lo + 8;
+        const bool      ok_lo = r_lo < c.nrows, ok_hi = r_hi < c.nrows;
+        const uint8_t * lo    = buf + (ok_lo ? r_lo : 0) * s.pitch + 144 * blk;
+        const uint8_t * hi    = buf + (ok_hi ? r_hi : 0) * s.pitch + 144 * blk;
+        uint4           head_lo = make_uint4(0, 0, 0, 0), head_hi = make_uint4(0, 0, 0, 0);
+        if (tig == 0) {
+            head_lo = *(const uint4 *) lo;
+            head_hi = *(const uint4 *) hi;
+        }
+        float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+            const int      off  = 16 + 32 * cc + 4 * tig;
+            const uint32_t lo0  = ok_lo ? *(const uint32_t *) (lo + off) : 0u;
+            const uint32_t lo1  = ok_lo ? *(const uint32_t *) (lo + off + 16) : 0u;
+            const uint32_t hi0  = ok_hi ? *(const uint32_t *) (hi + off) : 0u;
+            const uint32_t hi1  = ok_hi ? *(const uint32_t *) (hi + off + 16) : 0u;
+            const int      xoff = 256 * blk + 64 * cc + 4 * tig;
+            const uint32_t b_e[2] = { g == 0 ? *(const uint32_t *) (xq + xoff) : 0u,
+                                      g == 0 ? *(const uint32_t *) (xq + xoff + 16) : 0u };
+            const uint32_t b_o[2] = { g == 0 ? *(const uint32_t *) (xq + xoff + 32) : 0u,
+                                      g == 0 ? *(const uint32_t *) (xq + xoff + 48) : 0u };
+            const uint32_t a_e[4] = { lo0 & 0x0f0f0f0fu, hi0 & 0x0f0f0f0fu, lo1 & 0x0f0f0f0fu, hi1 & 0x0f0f0f0fu };
+            const uint32_t a_o[4] = { (lo0 >> 4) & 0x0f0f0f0fu, (hi0 >> 4) & 0x0f0f0f0fu, (lo1 >> 4) & 0x0f0f0f0fu,
+                                      (hi1 >> 4) & 0x0f0f0f0fu };
+            int            de[4], dd[4];
+            bulk_mma_s8(de, a_e, b_e);
+            bulk_mma_s8(dd, a_o, b_o);
+            if (tig == 0) {
+                const uint2 me = xm[8 * blk + 2 * cc], mo = xm[8 * blk + 2 * cc + 1];
+                sum_lo += bulk_q4k_pair(head_lo, cc, de[0], dd[0], me, mo);
+                sum_hi += bulk_q4k_pair(head_hi, cc, de[2], dd[2], me, mo);
+            }
+        }
+        if (tig == 0) {
+            part[r_lo * nb + blk] = sum_lo;
+            part[r_hi * nb + blk] = sum_hi;
+        }
+    }
+#if defined(__CUDA_ARCH__)
+    asm volatile("bar.sync 2, %0;" ::"r"(32 * kBulkWarps) : "memory");
+#endif
+    for (int r = warp * 32 + lane; r < c.nrows; r += 32 * kBulkWarps) {
+        float v = 0.0f;
+        for (int b = 0; b < nb; ++b) {
+            v += part[r * nb + b];
+        }
+        bulk_store(s, c.inst, c.row0 + r, v, p.lab);
+    }
+#if defined(__CUDA_ARCH__)
+    asm volatile("bar.sync 2, %0;" ::"r"(32 * kBulkWarps) : "memory");
+#endif
+}
+
 template <int DIRECT>
 static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, const uint8_t * buf,
                                  const uint8_t * smem, int warp, int lane) {
@@ -298,7 +406,9 @@ static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, co
     // parameter is a slow load each time.
     const bulk_seg s = p.seg[c.si];
     if (!s.staged) {
-        if constexpr (DIRECT >= 0) {
+        if constexpr (DIRECT == FRT_GEMV_Q4_K) {
+            bulk_q4k_mma_rows(p, s, c, buf, smem, warp, lane);
+        } else if constexpr (DIRECT >= 0) {
             bulk_item_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
         }
         return;

@@ -30,12 +30,14 @@ struct bulk_seg {
     int             units;       // quanta an instance: ceil(rows / quantum)
     int             staged;      // GGUF Q6_K/Q8_0: decoded block by block (gemv_staged_*), else item by item
     int             units_per_row, lpr, ipl;  // items: per row, lanes a row, items a lane
+    int             mma;    // Q4_K rows on the tensor cores (bulk_q4k_mma_rows), 16 rows a tile
+    int             pitch;  // bytes between rows in a stage (row_stride, or a bank-spreading pitch for mma)
 };
 
 struct bulk_params {
     gemv_x_in x;
     int       n_segments, direct, stages, stage_bytes;  // direct: the item type (-1: none)
-    int       smem_xq, smem_xm, smem_xf, smem_stage;
+    int       smem_xq, smem_xm, smem_xf, smem_part, smem_stage;  // smem_part: mma partial sums
     int64_t   total_bytes;
     int       lab;  // FRT_GEMV_BULK_LAB (experiments, bench only): 1 no math, 4 no stores
     bulk_seg  seg[FRT_GEMV_MAX_SEGMENTS];

@@ -263,7 +263,7 @@ static __device__ __forceinline__ void gemv_k4_dot(uint4 head, uint4 wa, uint4 w
 template <int T, typename X>
 static __device__ __forceinline__ void gemv_q6_dot(uint4 ql, uint4 qh, int sc_lo, int sc_hi, float d, int b, int q,
                                                    bool swap, const X & x, int nt, float (&acc)[T]) {
-    const int h = q >> 2, j = q & 3;
+    const int j = q & 3;
     const int ns = swap ? 4 : 0;           // nibble of run a
     const int hs = 2 * (j >> 1) + ns;      // qh bits of run a
     const int hb = 2 * (j >> 1) + 4 - ns;  // qh bits of run b

@@ -322,6 +322,17 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
             q.lpr = 32;
         }
         q.ipl = (q.units_per_row + q.lpr - 1) / q.lpr;
+        // Q4_K on the tensor cores: a chunk is whole 16-row tiles, enough (row tile, 256-column
+        // block) tasks for every warp, each row at a pitch of 16 past a multiple of 128 bytes (the
+        // 8 rows of a fragment load then fall in different banks).
+        q.mma   = s.type == FRT_GEMV_Q4_K && !q.staged;
+        q.pitch = q.mma ? (int) (row_bytes + (144 - row_bytes % 128) % 128) : (int) s.row_stride;
+        if (q.mma) {
+            const int nb = a.k / 256;
+            q.chunk_rows = 16 * std::max(1, (kBulkWarps + nb - 1) / nb);
+            stage        = std::max(stage, (int64_t) q.chunk_rows * q.pitch);
+            continue;
+        }
         // Chunks: the rows every consumer warp takes at once (a row group each, or a quantum each
         // for staged rows), as many of those as kBulkStageWant holds (one if it holds none but
         // twice it does); else the quanta kBulkStageWant holds (one at least).
@@ -348,6 +359,11 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
     p.smem_xm           = take(at, p.x.need_q8 ? 8 * n_vec * (a.k / 32) : 0);
     p.smem_xq           = take(at, p.x.need_q8 ? n_vec * a.k : 0);
     p.smem_xf           = take(at, p.x.need_f32 ? 4 * n_vec * a.k : 0);
+    bool mma            = false;
+    for (int i = 0; i < a.n_segments; ++i) {
+        mma = mma || p.seg[i].mma;
+    }
+    p.smem_part         = take(at, mma ? 4 * (int64_t) (16 * ((kBulkWarps + a.k / 256 - 1) / (a.k / 256))) * (a.k / 256) : 0);
     p.smem_stage        = at;
     // Stages: what a block's share needs (all of it in flight before the wait for the previous
     // kernel when it fits), at most what shared memory holds.
