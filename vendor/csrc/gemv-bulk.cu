@@ -330,6 +330,26 @@ static __device__ __forceinline__ float bulk_q4k_pair(uint4 head, int c, int de,
                                     dmin * (float) ((m2 >> 8) & 0xff) * (float) so);
 }
 
+// After the tasks of a chunk: once every consumer warp has left its partial sums, each row's
+// blocks are added in order and stored; the second barrier frees the sums for the next chunk.
+static __device__ void bulk_mma_finish(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
+                                       const uint8_t * smem, int nb, int warp, int lane) {
+    const float * part = (const float *) (smem + p.smem_part);
+#if defined(__CUDA_ARCH__)
+    asm volatile("bar.sync 2, %0;" ::"r"(32 * kBulkWarps) : "memory");
+#endif
+    for (int r = warp * 32 + lane; r < c.nrows; r += 32 * kBulkWarps) {
+        float v = 0.0f;
+        for (int b = 0; b < nb; ++b) {
+            v += part[r * nb + b];
+        }
+        bulk_store(s, c.inst, c.row0 + r, v, p.lab);
+    }
+#if defined(__CUDA_ARCH__)
+    asm volatile("bar.sync 2, %0;" ::"r"(32 * kBulkWarps) : "memory");
+#endif
+}
+
 // The rows of a Q4_K chunk (rows at s.pitch in the stage): tasks of (16-row tile, 256-column
 // block) go round the consumer warps; a task is 8 mma, one a sub-block, with x as column 0 of B
 // (the other 7 columns zero); lanes 4g (g < 8) scale rows g and g + 8 and leave the task's sum in
@@ -384,19 +404,114 @@ static __device__ void bulk_q4k_mma_rows(const bulk_params & p, const bulk_seg &
             part[r_hi * nb + blk] = sum_hi;
         }
     }
-#if defined(__CUDA_ARCH__)
-    asm volatile("bar.sync 2, %0;" ::"r"(32 * kBulkWarps) : "memory");
+    bulk_mma_finish(p, s, c, smem, nb, warp, lane);
+}
+
+// D = A B for m16n8k16 (s8): A 16 x 16 (a0: A[t / 4][4 (t % 4) .. + 3], a1: row + 8), B 16 x 8
+// (b0: B[4 (t % 4) .. + 3][t / 4]), D as in bulk_mma_s8.
+static __device__ __forceinline__ void bulk_mma_s8_k16(int (&d)[4], const uint32_t (&a)[2], uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                 "{%7, %7, %7, %7};"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0));
 #endif
-    for (int r = warp * 32 + lane; r < c.nrows; r += 32 * kBulkWarps) {
-        float v = 0.0f;
-        for (int b = 0; b < nb; ++b) {
-            v += part[r * nb + b];
-        }
-        bulk_store(s, c.inst, c.row0 + r, v, p.lab);
+}
+
+// 4 bytes at p: 4-byte aligned (ALIGNED), or at least 2-byte aligned (GGUF Q6_K blocks are 210
+// bytes: some start 2 past a multiple of 4).
+template <bool ALIGNED> static __device__ __forceinline__ uint32_t bulk_lds4(const uint8_t * p) {
+    if (ALIGNED) {
+        return *(const uint32_t *) p;
     }
-#if defined(__CUDA_ARCH__)
-    asm volatile("bar.sync 2, %0;" ::"r"(32 * kBulkWarps) : "memory");
-#endif
+    const uint32_t * w = (const uint32_t *) ((uintptr_t) p & ~(uintptr_t) 3);
+    return __funnelshift_r(w[0], w[1], 8 * (int) ((uintptr_t) p & 3));
+}
+
+// Where the 16 scales of a repacked Q6_K block put GGUF scale n (gemv_direct<FRT_GEMV_Q6_K_R>).
+static __device__ __forceinline__ int bulk_q6r_scale_at(int n) {
+    return 2 * ((n >> 3) * 4 + (n & 3)) + ((n >> 2) & 1);
+}
+
+// One (16-row tile, block) task of Q6_K rows: 16 mma of 16 rows x 16 values, one a scale group.
+// Group (h, j, s) is values 128 h + 32 j + 16 s .. + 15 of the block: ql bytes 64 h + 32 (j & 1)
+// + 16 s (low nibbles for j < 2, high for j >= 2), qh bytes 128 + 32 h + 16 s (bits 2j, 2j + 1),
+// GGUF scale 8 h + s + 2 j. Values are 6 bits (the -32 goes through x's run sums).
+template <bool REPACKED>
+static __device__ __forceinline__ void bulk_q6k_task(const uint8_t * lo, const uint8_t * hi, bool ok_lo, bool ok_hi,
+                                                     float d_lo, float d_hi, const int8_t * xq, const uint2 * xm,
+                                                     int blk, int lane, float & sum_lo, float & sum_hi) {
+    const int g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int sg = 0; sg < 2; ++sg) {
+            const int      off  = 64 * h + 16 * sg + 4 * tig;
+            const uint32_t l0_lo = ok_lo ? bulk_lds4<REPACKED>(lo + off) : 0u;
+            const uint32_t l1_lo = ok_lo ? bulk_lds4<REPACKED>(lo + off + 32) : 0u;
+            const uint32_t qh_lo = ok_lo ? bulk_lds4<REPACKED>(lo + 128 + 32 * h + 16 * sg + 4 * tig) : 0u;
+            const uint32_t l0_hi = ok_hi ? bulk_lds4<REPACKED>(hi + off) : 0u;
+            const uint32_t l1_hi = ok_hi ? bulk_lds4<REPACKED>(hi + off + 32) : 0u;
+            const uint32_t qh_hi = ok_hi ? bulk_lds4<REPACKED>(hi + 128 + 32 * h + 16 * sg + 4 * tig) : 0u;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int      ns    = 4 * (j >> 1);
+                const uint32_t ql_lo = (j & 1) ? l1_lo : l0_lo, ql_hi = (j & 1) ? l1_hi : l0_hi;
+                const uint32_t a[2]  = { ((ql_lo >> ns) & 0x0f0f0f0fu) | (((qh_lo >> (2 * j)) & 0x03030303u) << 4),
+                                         ((ql_hi >> ns) & 0x0f0f0f0fu) | (((qh_hi >> (2 * j)) & 0x03030303u) << 4) };
+                const int      xoff  = 256 * blk + 128 * h + 32 * j + 16 * sg;
+                const uint32_t b     = g == 0 ? *(const uint32_t *) (xq + xoff + 4 * tig) : 0u;
+                int            dd[4];
+                bulk_mma_s8_k16(dd, a, b);
+                if ((lane & 3) == 0) {
+                    const uint2 m    = xm[xoff / 32];
+                    const float xs   = __uint_as_float(m.x);
+                    const int   xsum = gemv_run_sum(m, sg);
+                    const int   n    = 8 * h + sg + 2 * j;
+                    const int   at   = REPACKED ? bulk_q6r_scale_at(n) : n;
+                    sum_lo += xs * d_lo * (float) (int8_t) lo[192 + at] * (float) (dd[0] - 32 * xsum);
+                    sum_hi += xs * d_hi * (float) (int8_t) hi[192 + at] * (float) (dd[2] - 32 * xsum);
+                }
+            }
+        }
+    }
+}
+
+// The rows of a Q6_K chunk (GGUF rows, or repacked ones) on the tensor cores, as
+// bulk_q4k_mma_rows does Q4_K.
+template <bool REPACKED>
+static __device__ void bulk_q6k_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
+                                         const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
+    const int      k = p.x.k, nb = k / 256, tiles = (c.nrows + 15) / 16;
+    const int      g = lane >> 2;
+    const int      vec = s.x_per_token == 1 ? 0 : c.inst;
+    const int8_t * xq  = (const int8_t *) (smem + p.smem_xq) + vec * k;
+    const uint2 *  xm  = (const uint2 *) (smem + p.smem_xm) + vec * (k / 32);
+    float *        part = (float *) (smem + p.smem_part);
+    constexpr int  blk_bytes = REPACKED ? 208 : 210;
+    for (int task = warp; task < tiles * nb; task += kBulkWarps) {
+        const int       tile = task / nb, blk = task % nb;
+        const int       r_lo = 16 * tile + g, r_hi = r_lo + 8;
+        const bool      ok_lo = r_lo < c.nrows, ok_hi = r_hi < c.nrows;
+        const uint8_t * row_lo = buf + (ok_lo ? r_lo : 0) * s.pitch;
+        const uint8_t * row_hi = buf + (ok_hi ? r_hi : 0) * s.pitch;
+        const uint8_t * lo     = row_lo + blk_bytes * blk;
+        const uint8_t * hi     = row_hi + blk_bytes * blk;
+        float           d_lo = 0.0f, d_hi = 0.0f;
+        if ((lane & 3) == 0) {
+            d_lo = gemv_half(REPACKED ? *(const unsigned short *) (row_lo + 208 * nb + 2 * blk)
+                                      : *(const unsigned short *) (lo + 208));
+            d_hi = gemv_half(REPACKED ? *(const unsigned short *) (row_hi + 208 * nb + 2 * blk)
+                                      : *(const unsigned short *) (hi + 208));
+        }
+        float sum_lo = 0.0f, sum_hi = 0.0f;
+        bulk_q6k_task<REPACKED>(lo, hi, ok_lo, ok_hi, d_lo, d_hi, xq, xm, blk, lane, sum_lo, sum_hi);
+        if ((lane & 3) == 0) {
+            part[r_lo * nb + blk] = sum_lo;
+            part[r_hi * nb + blk] = sum_hi;
+        }
+    }
+    bulk_mma_finish(p, s, c, smem, nb, warp, lane);
 }
 
 template <int DIRECT>
@@ -405,6 +520,14 @@ static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, co
     // A copy in registers: the hot loops read its fields, and a dynamically indexed kernel
     // parameter is a slow load each time.
     const bulk_seg s = p.seg[c.si];
+    if (s.type == FRT_GEMV_Q6_K) {
+        bulk_q6k_mma_rows<false>(p, s, c, buf, smem, warp, lane);
+        return;
+    }
+    if (s.type == FRT_GEMV_Q6_K_R) {
+        bulk_q6k_mma_rows<true>(p, s, c, buf, smem, warp, lane);
+        return;
+    }
     if (!s.staged) {
         if constexpr (DIRECT == FRT_GEMV_Q4_K) {
             bulk_q4k_mma_rows(p, s, c, buf, smem, warp, lane);
