@@ -7,6 +7,7 @@
 #            GEMV_ARGS passes options to gemv-bench (e.g. "--tokens 1"), GEMV_LAB=0 skips its lab
 #   profile  the synthetic qwen36 GGUF; gemv-stock (stock ggml-cuda per matvec shape, joined with
 #            gemv-bench's table); cargo xtask profile, stock vs the overlay with the GEMV windows on
+#            (GGML_FLASHRT_GEMV_KERNEL=bulk in the environment: the windows on the bulk kernel)
 #   bench    cargo xtask bench --rounds 3 (tg128, pp512, tg128@d8192), the GEMV windows on; parity
 #            on the 4-layer model
 # Usage (device, repository root): bench/device/decode.sh check|profile|bench

@@ -247,6 +247,22 @@ static bool late_for_test() {
     return late;
 }
 
+// GGML_FLASHRT_GEMV_KERNEL=bulk|registers: which frt_gemv kernel the GEMV windows run (default:
+// frt_gemv's choice), so that both can be profiled in one build.
+static frt_gemv_kernel gemv_kernel() {
+    static const frt_gemv_kernel kernel = [] {
+        const char * v = std::getenv("GGML_FLASHRT_GEMV_KERNEL");
+        if (v != nullptr && std::strcmp(v, "bulk") == 0) {
+            return FRT_GEMV_KERNEL_BULK;
+        }
+        if (v != nullptr && std::strcmp(v, "registers") == 0) {
+            return FRT_GEMV_KERNEL_REGISTERS;
+        }
+        return FRT_GEMV_KERNEL_AUTO;
+    }();
+    return kernel;
+}
+
 // Whether the norm's input and weight stay as they are from node `from` until node `until`, so that a
 // launch there can still fold the norm.
 static bool norm_inputs_intact(const ggml_cgraph * cgraph, int from, int until, const ggml_tensor * x,
@@ -352,7 +368,7 @@ static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_p
     frt_gemv_args a;
     fill_args(nullptr, cgraph, pack, a);
     if (a.n_segments > 0) {
-        if (const char * miss = frt_gemv_unsupported(a)) {
+        if (const char * miss = frt_gemv_unsupported(a, gemv_kernel())) {
             return miss;
         }
     }
@@ -364,7 +380,7 @@ static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_p
         one.norm = pack.norm;
         one.nodes[one.n++] = pack.nodes[p];
         fill_args(nullptr, cgraph, one, a);
-        if (const char * miss = frt_gemv_unsupported(a)) {
+        if (const char * miss = frt_gemv_unsupported(a, gemv_kernel())) {
             return miss;
         }
     }
@@ -378,7 +394,7 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
     if (a.n_segments == 0) {
         return;  // every matvec is computed where it stands
     }
-    FLASHRT_CHECK(window, frt_gemv(a, ctx.stream()));
+    FLASHRT_CHECK(window, frt_gemv(a, ctx.stream(), gemv_kernel()));
 }
 
 void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm, int node,
