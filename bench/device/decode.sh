@@ -77,6 +77,7 @@ profile)
         GEMV_OURS=$keep/gemv-ours.jsonl OUT=$out/gemv-stock bash bench/device/gemv-stock.sh flashrt \
             > "$out/gemv-stock.log" 2>&1 || say "gemv-stock FAILED (gemv-stock.log)"
         cp "$out/gemv-stock/gemv-table.md" "$out/" 2>/dev/null && tail -25 "$out/gemv-table.md"
+        cp "$out/gemv-stock/gemv-table-bulk.md" "$out/" 2>/dev/null && tail -6 "$out/gemv-table-bulk.md"
     fi
     force_gemv
     traces=/tmp/profile-traces

@@ -42,5 +42,8 @@ GGML_CUDA_FLASHRT_DISABLE=1 "$tool" "$out/gemv-stock.jsonl" "$@" 2> "$out/gemv-s
     | tee "$out/gemv-stock.md" || { tail -20 "$out/gemv-stock.err"; exit 1; }
 if [ -n "${GEMV_OURS:-}" ]; then
     python3 bench/tools/gemv-table.py "$out/gemv-stock.jsonl" "$GEMV_OURS" | tee "$out/gemv-table.md"
+    if grep -q '"impl":"frt-bulk"' "$GEMV_OURS"; then
+        python3 bench/tools/gemv-table.py "$out/gemv-stock.jsonl" "$GEMV_OURS" --impl frt-bulk > "$out/gemv-table-bulk.md"
+    fi
 fi
 archive_out gemv-stock

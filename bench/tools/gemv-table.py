@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Joins the decode GEMV microbenchmark's two sides into one markdown table.
 
-    gemv-table.py STOCK.jsonl OURS.jsonl [--bandwidth-tbs 4.38]
+    gemv-table.py STOCK.jsonl OURS.jsonl [--impl frt] [--bandwidth-tbs 4.38]
 
 STOCK.jsonl comes from bench/tools/gemv-stock.cpp (stock ggml), OURS.jsonl from
 bench/tools/gemv-bench.cu. Each line is a JSON object with at least shape, out, in, type, tokens,
-bytes and us_median. Rows join by (shape, tokens); a row of ours whose shape name stock does not
+bytes and us_median; OURS lines of other impls than --impl (gemv-bench writes "frt", what frt_gemv
+picks, and "frt-bulk", its bulk kernel) are left out. Rows join by (shape, tokens); a row of ours whose shape name stock does not
 have joins by (out, in, type, tokens, experts) instead when exactly one stock row has those (marked
 ~ in the table), and rows left over on either side are listed with the other side empty.
 
@@ -147,10 +148,14 @@ def main():
     parser.add_argument(
         "--bandwidth-tbs", type=float, default=4.38, help="DRAM read bandwidth in TB/s (H200 measured: 4.38)"
     )
+    parser.add_argument("--impl", default="frt", help='our implementation to join (default "frt"; also "frt-bulk")')
     args = parser.parse_args()
     if not args.bandwidth_tbs > 0:
         sys.exit("--bandwidth-tbs must be positive")
-    pairs = join(read_rows(args.stock), read_rows(args.ours))
+    ours = [row for row in read_rows(args.ours) if row.get("impl", "frt") == args.impl]
+    if not ours:
+        sys.exit(f"{args.ours}: no rows of impl {args.impl}")
+    pairs = join(read_rows(args.stock), ours)
     print("\n".join(table(pairs, args.bandwidth_tbs * 1e12) + step_totals(pairs)))
 
 
