@@ -179,7 +179,7 @@ static __device__ void bulk_produce(const bulk_params & p, bulk_pos cur, const b
             bulk_copy(dst, src, bytes, &full[slot], policy);
         } else {
             // Row by row to its pitch (mma rows: a multiple of 16 bytes each).
-            const int row_bytes = s.mma ? 144 * (p.x.k / 256) : (int) s.row_stride;
+            const int row_bytes = s.row_bytes;
             bulk_bar_arrive_expect(&full[slot], (uint32_t) (c.nrows * row_bytes));
             for (int r = 0; r < c.nrows; ++r) {
                 bulk_copy(dst + r * s.pitch, src + r * s.row_stride, (uint32_t) row_bytes, &full[slot], policy);
@@ -350,13 +350,18 @@ static __device__ void bulk_mma_finish(const bulk_params & p, const bulk_seg & s
 #endif
 }
 
-// The rows of a Q4_K chunk (rows at s.pitch in the stage): tasks of (16-row tile, 256-column
-// block) go round the consumer warps; a task is 8 mma, one a sub-block, with x as column 0 of B
-// (the other 7 columns zero); lanes 4g (g < 8) scale rows g and g + 8 and leave the task's sum in
-// part[row][block]; after a barrier of the consumer warps the blocks of each row are added in
-// order and stored, and a second barrier frees part for the next chunk.
-static __device__ void bulk_q4k_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                         const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
+// The rows of a Q4_K or Q5_K chunk (rows at s.pitch in the stage): tasks of (16-row tile,
+// 256-column block) go round the consumer warps; a task is 8 mma, one a sub-block, with x as column
+// 0 of B (the other 7 columns zero); lanes 4g (g < 8) scale rows g and g + 8 and leave the task's
+// sum in part[row][block]; after a barrier of the consumer warps the blocks of each row are added
+// in order and stored, and a second barrier frees part for the next chunk. Sub-blocks 2c and 2c + 1
+// are the low and high nibbles of qs bytes 32c .. + 31; Q5_K adds bit 2c (2c + 1) of qh byte l as
+// the value's bit 4.
+template <int TYPE>
+static __device__ void bulk_k_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
+                                       const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
+    constexpr bool Q5 = TYPE == FRT_GEMV_Q5_K;
+    constexpr int  kBlock = Q5 ? 176 : 144, kQs = Q5 ? 48 : 16;
     const int      k = p.x.k, nb = k / 256, tiles = (c.nrows + 15) / 16;
     const int      g = lane >> 2, tig = lane & 3;
     const int      vec = s.x_per_token == 1 ? 0 : c.inst;
@@ -367,17 +372,22 @@ static __device__ void bulk_q4k_mma_rows(const bulk_params & p, const bulk_seg &
         const int       tile = task / nb, blk = task % nb;
         const int       r_lo = 16 * tile + g, r_hi = r_lo + 8;
         const bool      ok_lo = r_lo < c.nrows, ok_hi = r_hi < c.nrows;
-        const uint8_t * lo    = buf + (ok_lo ? r_lo : 0) * s.pitch + 144 * blk;
-        const uint8_t * hi    = buf + (ok_hi ? r_hi : 0) * s.pitch + 144 * blk;
+        const uint8_t * lo    = buf + (ok_lo ? r_lo : 0) * s.pitch + kBlock * blk;
+        const uint8_t * hi    = buf + (ok_hi ? r_hi : 0) * s.pitch + kBlock * blk;
         uint4           head_lo = make_uint4(0, 0, 0, 0), head_hi = make_uint4(0, 0, 0, 0);
         if (tig == 0) {
             head_lo = *(const uint4 *) lo;
             head_hi = *(const uint4 *) hi;
         }
-        float sum_lo = 0.0f, sum_hi = 0.0f;
+        // Q5_K: the high bits of all 4 sub-block pairs, values l = 4 tig .. + 3 and 16 + 4 tig ..
+        const uint32_t qh_lo0 = Q5 && ok_lo ? *(const uint32_t *) (lo + 16 + 4 * tig) : 0u;
+        const uint32_t qh_lo1 = Q5 && ok_lo ? *(const uint32_t *) (lo + 32 + 4 * tig) : 0u;
+        const uint32_t qh_hi0 = Q5 && ok_hi ? *(const uint32_t *) (hi + 16 + 4 * tig) : 0u;
+        const uint32_t qh_hi1 = Q5 && ok_hi ? *(const uint32_t *) (hi + 32 + 4 * tig) : 0u;
+        float          sum_lo = 0.0f, sum_hi = 0.0f;
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {
-            const int      off  = 16 + 32 * cc + 4 * tig;
+            const int      off  = kQs + 32 * cc + 4 * tig;
             const uint32_t lo0  = ok_lo ? *(const uint32_t *) (lo + off) : 0u;
             const uint32_t lo1  = ok_lo ? *(const uint32_t *) (lo + off + 16) : 0u;
             const uint32_t hi0  = ok_hi ? *(const uint32_t *) (hi + off) : 0u;
@@ -387,9 +397,17 @@ static __device__ void bulk_q4k_mma_rows(const bulk_params & p, const bulk_seg &
                                       g == 0 ? *(const uint32_t *) (xq + xoff + 16) : 0u };
             const uint32_t b_o[2] = { g == 0 ? *(const uint32_t *) (xq + xoff + 32) : 0u,
                                       g == 0 ? *(const uint32_t *) (xq + xoff + 48) : 0u };
-            const uint32_t a_e[4] = { lo0 & 0x0f0f0f0fu, hi0 & 0x0f0f0f0fu, lo1 & 0x0f0f0f0fu, hi1 & 0x0f0f0f0fu };
-            const uint32_t a_o[4] = { (lo0 >> 4) & 0x0f0f0f0fu, (hi0 >> 4) & 0x0f0f0f0fu, (lo1 >> 4) & 0x0f0f0f0fu,
+            uint32_t       a_e[4] = { lo0 & 0x0f0f0f0fu, hi0 & 0x0f0f0f0fu, lo1 & 0x0f0f0f0fu, hi1 & 0x0f0f0f0fu };
+            uint32_t       a_o[4] = { (lo0 >> 4) & 0x0f0f0f0fu, (hi0 >> 4) & 0x0f0f0f0fu, (lo1 >> 4) & 0x0f0f0f0fu,
                                       (hi1 >> 4) & 0x0f0f0f0fu };
+            if constexpr (Q5) {
+                const uint32_t qh[4] = { qh_lo0, qh_hi0, qh_lo1, qh_hi1 };
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    a_e[i] |= ((qh[i] >> (2 * cc)) & 0x01010101u) << 4;
+                    a_o[i] |= ((qh[i] >> (2 * cc + 1)) & 0x01010101u) << 4;
+                }
+            }
             int            de[4], dd[4];
             bulk_mma_s8(de, a_e, b_e);
             bulk_mma_s8(dd, a_o, b_o);
@@ -478,7 +496,7 @@ static __device__ __forceinline__ void bulk_q6k_task(const uint8_t * lo, const u
 }
 
 // The rows of a Q6_K chunk (GGUF rows, or repacked ones) on the tensor cores, as
-// bulk_q4k_mma_rows does Q4_K.
+// bulk_k_mma_rows does Q4_K.
 template <bool REPACKED>
 static __device__ void bulk_q6k_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
                                          const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
@@ -529,8 +547,8 @@ static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, co
         return;
     }
     if (!s.staged) {
-        if constexpr (DIRECT == FRT_GEMV_Q4_K) {
-            bulk_q4k_mma_rows(p, s, c, buf, smem, warp, lane);
+        if constexpr (DIRECT == FRT_GEMV_Q4_K || DIRECT == FRT_GEMV_Q5_K) {
+            bulk_k_mma_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
         } else if constexpr (DIRECT >= 0) {
             bulk_item_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
         }

@@ -31,7 +31,8 @@ struct bulk_seg {
     int             staged;      // GGUF Q6_K/Q8_0: decoded block by block (gemv_staged_*), else item by item
     int             units_per_row, lpr, ipl;  // items: per row, lanes a row, items a lane
     int             mma;    // Q4_K rows on the tensor cores (bulk_q4k_mma_rows), 16 rows a tile
-    int             pitch;  // bytes between rows in a stage (row_stride, or a bank-spreading pitch for mma)
+    int             pitch;      // bytes between rows in a stage (row_stride, or a bank-spreading pitch for mma)
+    int             row_bytes;  // bytes of a row (copied row by row when pitch != row_stride)
 };
 
 struct bulk_params {

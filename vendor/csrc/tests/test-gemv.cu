@@ -510,6 +510,8 @@ int main(int argc, char ** argv) {
           { S{ Q4, 700 }, S{ Q6, 300, true }, S{ Q8, 40 }, S{ Q6, 16 } }, true });
     add({ "q5_K 1000 rows, residual", 768, 1, { S{ Q5, 1000, false, 0, true } } });
     add({ "q6_K GGUF k=256, 24 rows", 256, 1, { S{ Q6, 24 } } });
+    add({ "q5_K pack + q6_K/q8_0 GGUF, 1 token", 1024, 1, { S{ Q5, 300 }, S{ Q6, 72 }, S{ Q8, 9 }, S{ Q5, 3 } } });
+    add({ "q6_K GGUF k=768 (odd blocks), 40 rows", 768, 1, { S{ Q6, 40 } }, true });
     add({ "q8_0 GGUF 104 rows + q6_K 8 rows", 512, 1, { S{ Q8, 104 }, S{ Q6, 8 } } });
     add({ "f16 333 rows, normed", 256, 1, { S{ F16, 333 } }, true });
     add({ "q4_K 5 rows, k=256", 256, 1, { S{ Q4, 5 } } });
