@@ -273,36 +273,7 @@ static __device__ void bulk_item_rows(const bulk_params & p, const bulk_seg & s,
     }
 }
 
-// This warp's rows of a chunk of another type (GGUF Q6_K/Q8_0, or repacked ones in a pack of
-// another item type): a quantum of rows a warp in turn (16-byte aligned in the stage, as
-// gemv_staged_* want), through the register kernel's staged decoders.
-template <int TYPE>
-static __device__ void bulk_staged_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                        const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
-    gemv_batch b;
-    b.k               = p.x.k;
-    b.nt              = 1;
-    b.x               = bulk_x_of(p, s, c.inst, smem);
-    b.out             = s.out + c.inst * s.out_stride;
-    b.out_stride      = 0;
-    b.residual        = s.residual ? s.residual + c.inst * s.residual_stride : nullptr;
-    b.residual_stride = 0;
-    b.epilogue        = s.epilogue;
-    const int rb      = (int) s.row_stride;  // staged rows are contiguous
-    for (int r0 = warp * s.quantum; r0 < c.nrows; r0 += kBulkWarps * s.quantum) {
-        const int nr = min(s.quantum, c.nrows - r0);
-        b.row0       = c.row0 + r0;
-        b.rows       = b.row0 + nr;
-        b.nrows      = nr;
-        if (TYPE == FRT_GEMV_Q6_K || TYPE == FRT_GEMV_Q6_K_R) {
-            gemv_staged_q6_k<1, TYPE == FRT_GEMV_Q6_K_R>(b, buf + r0 * rb, nr, rb, lane);
-        } else {
-            gemv_staged_q8_0<1, TYPE == FRT_GEMV_Q8_0_R>(b, buf + r0 * rb, nr, rb, lane);
-        }
-    }
-}
-
-// ---- Q4_K on the tensor cores ----
+// ---- the quantized types on the tensor cores ----
 
 // D = A B (fresh accumulators): A 16 x 32 int8 (row-major fragment a), B 32 x 8 int8 (column-major
 // fragment b), D 16 x 8 int32. Thread t holds a0: A[t / 4][4 (t % 4) .. + 3], a1: row + 8, a2/a3:
@@ -532,33 +503,76 @@ static __device__ void bulk_q6k_mma_rows(const bulk_params & p, const bulk_seg &
     bulk_mma_finish(p, s, c, smem, nb, warp, lane);
 }
 
+// The rows of a Q8_0 chunk (GGUF rows: 34-byte blocks, d first; repacked: the quants, then the
+// d's) on the tensor cores: a task is 8 mma, one a 32-value block.
+template <bool REPACKED>
+static __device__ void bulk_q8_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
+                                        const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
+    const int      k = p.x.k, nb = k / 256, tiles = (c.nrows + 15) / 16;
+    const int      g = lane >> 2, tig = lane & 3;
+    const int      vec = s.x_per_token == 1 ? 0 : c.inst;
+    const int8_t * xq  = (const int8_t *) (smem + p.smem_xq) + vec * k;
+    const uint2 *  xm  = (const uint2 *) (smem + p.smem_xm) + vec * (k / 32);
+    float *        part = (float *) (smem + p.smem_part);
+    for (int task = warp; task < tiles * nb; task += kBulkWarps) {
+        const int       tile = task / nb, blk = task % nb;
+        const int       r_lo = 16 * tile + g, r_hi = r_lo + 8;
+        const bool      ok_lo = r_lo < c.nrows, ok_hi = r_hi < c.nrows;
+        const uint8_t * row_lo = buf + (ok_lo ? r_lo : 0) * s.pitch;
+        const uint8_t * row_hi = buf + (ok_hi ? r_hi : 0) * s.pitch;
+        float           sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll 2
+        for (int bq = 0; bq < 8; ++bq) {
+            const int       f  = 8 * blk + bq;
+            const uint8_t * qs_lo = REPACKED ? row_lo + 32 * f : row_lo + 34 * f + 2;
+            const uint8_t * qs_hi = REPACKED ? row_hi + 32 * f : row_hi + 34 * f + 2;
+            const uint32_t  a[4]  = { ok_lo ? bulk_lds4<REPACKED>(qs_lo + 4 * tig) : 0u,
+                                      ok_hi ? bulk_lds4<REPACKED>(qs_hi + 4 * tig) : 0u,
+                                      ok_lo ? bulk_lds4<REPACKED>(qs_lo + 16 + 4 * tig) : 0u,
+                                      ok_hi ? bulk_lds4<REPACKED>(qs_hi + 16 + 4 * tig) : 0u };
+            const int       xoff  = 32 * f + 4 * tig;
+            const uint32_t  b[2]  = { g == 0 ? *(const uint32_t *) (xq + xoff) : 0u,
+                                      g == 0 ? *(const uint32_t *) (xq + xoff + 16) : 0u };
+            int             dd[4];
+            bulk_mma_s8(dd, a, b);
+            if (tig == 0) {
+                const float xs   = __uint_as_float(xm[f].x);
+                const float d_lo = gemv_half(REPACKED ? *(const unsigned short *) (row_lo + k + 2 * f)
+                                                      : *(const unsigned short *) (row_lo + 34 * f));
+                const float d_hi = gemv_half(REPACKED ? *(const unsigned short *) (row_hi + k + 2 * f)
+                                                      : *(const unsigned short *) (row_hi + 34 * f));
+                sum_lo += xs * d_lo * (float) dd[0];
+                sum_hi += xs * d_hi * (float) dd[2];
+            }
+        }
+        if (tig == 0) {
+            part[r_lo * nb + blk] = sum_lo;
+            part[r_hi * nb + blk] = sum_hi;
+        }
+    }
+    bulk_mma_finish(p, s, c, smem, nb, warp, lane);
+}
+
 template <int DIRECT>
 static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, const uint8_t * buf,
                                  const uint8_t * smem, int warp, int lane) {
     // A copy in registers: the hot loops read its fields, and a dynamically indexed kernel
     // parameter is a slow load each time.
     const bulk_seg s = p.seg[c.si];
-    if (s.type == FRT_GEMV_Q6_K) {
-        bulk_q6k_mma_rows<false>(p, s, c, buf, smem, warp, lane);
-        return;
-    }
-    if (s.type == FRT_GEMV_Q6_K_R) {
-        bulk_q6k_mma_rows<true>(p, s, c, buf, smem, warp, lane);
-        return;
-    }
-    if (!s.staged) {
-        if constexpr (DIRECT == FRT_GEMV_Q4_K || DIRECT == FRT_GEMV_Q5_K) {
-            bulk_k_mma_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
-        } else if constexpr (DIRECT >= 0) {
-            bulk_item_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
-        }
-        return;
-    }
+    // Q4_K/Q5_K and the float types are only ever the launch's item type (DIRECT); Q6_K and Q8_0,
+    // GGUF or repacked, may join any launch.
     switch (s.type) {
-        case FRT_GEMV_Q6_K:   bulk_staged_rows<FRT_GEMV_Q6_K>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q8_0:   bulk_staged_rows<FRT_GEMV_Q8_0>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q6_K_R: bulk_staged_rows<FRT_GEMV_Q6_K_R>(p, s, c, buf, smem, warp, lane); break;
-        default:              bulk_staged_rows<FRT_GEMV_Q8_0_R>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q6_K:   bulk_q6k_mma_rows<false>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q6_K_R: bulk_q6k_mma_rows<true>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q8_0:   bulk_q8_mma_rows<false>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q8_0_R: bulk_q8_mma_rows<true>(p, s, c, buf, smem, warp, lane); break;
+        default:
+            if constexpr (DIRECT == FRT_GEMV_Q4_K || DIRECT == FRT_GEMV_Q5_K) {
+                bulk_k_mma_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
+            } else if constexpr (DIRECT == FRT_GEMV_F32 || DIRECT == FRT_GEMV_F16 || DIRECT == FRT_GEMV_BF16) {
+                bulk_item_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
+            }
+            break;
     }
 }
 

@@ -322,12 +322,11 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
             q.lpr = 32;
         }
         q.ipl = (q.units_per_row + q.lpr - 1) / q.lpr;
-        // Q4_K, Q5_K and Q6_K on the tensor cores: a chunk is whole 16-row tiles, enough (row tile,
+        // The quantized types on the tensor cores: a chunk is whole 16-row tiles, enough (row tile,
         // 256-column block) tasks for every warp; rows whose size is a multiple of 16 bytes are
         // copied one by one to a pitch of 16 past a multiple of 128 (the 8 rows of a fragment
         // load then fall in different banks).
-        q.mma       = ((s.type == FRT_GEMV_Q4_K || s.type == FRT_GEMV_Q5_K) && !q.staged) || s.type == FRT_GEMV_Q6_K ||
-                s.type == FRT_GEMV_Q6_K_R;
+        q.mma       = gemv_quantized(s.type);  // every quantized type (Q4_K/Q5_K are never staged)
         q.row_bytes = (int) row_bytes;
         q.pitch     = q.mma && row_bytes % 16 == 0 ? (int) (row_bytes + (144 - row_bytes % 128) % 128)
                                                   : (int) s.row_stride;

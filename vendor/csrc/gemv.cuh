@@ -52,10 +52,10 @@
 // than the above (docs/perf-notes.md): one block an SM; a producer warp copies the block's rows
 // (balanced by bytes over the blocks) into shared-memory stages with the bulk-copy engine
 // (cp.async.bulk, completing on mbarriers), starting before the wait for the previous kernel; the
-// consumer warps quantize x meanwhile, then multiply from shared memory: Q4_K and Q6_K (GGUF or
-// repacked) on the tensor cores (mma.m16n8k32 / m16n8k16 s8: 16 rows x one scale group a step, x
-// as column 0 of B, the block's scales applied per group), the other types with the register
-// kernel's item code.
+// consumer warps quantize x meanwhile, then multiply from shared memory: the quantized types
+// (Q4_K, Q5_K, Q6_K, Q8_0, GGUF or repacked) on the tensor cores (mma.m16n8k32 / m16n8k16 s8: 16
+// rows x one scale group a step, x as column 0 of B, the scales applied per group), F32/F16/BF16
+// with the register kernel's item code.
 //
 // Numerics: the result is sum_i w_i * xq_i (exact integer dot products of 16 values, then float),
 // where xq is x rounded to int8 per 32 values: |xq_i - x_i| <= d/2, d = max|x| / 127 of its block.
