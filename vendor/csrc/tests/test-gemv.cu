@@ -514,6 +514,7 @@ int main(int argc, char ** argv) {
     add({ "q6_K GGUF k=768 (odd blocks), 40 rows", 768, 1, { S{ Q6, 40 } }, true });
     add({ "q8_0 GGUF 104 rows + q6_K 8 rows", 512, 1, { S{ Q8, 104 }, S{ Q6, 8 } } });
     add({ "f16 333 rows, normed", 256, 1, { S{ F16, 333 } }, true });
+    add({ "bf16 129 rows + q8_0_R 20 rows", 768, 1, { S{ BF16, 129 }, S{ Q8, 20, true } } });
     add({ "q4_K 5 rows, k=256", 256, 1, { S{ Q4, 5 } } });
     add({ "f32 k=2048, 300 rows", 2048, 1, { S{ F32, 300 } } });
     {
