@@ -578,8 +578,9 @@ static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, co
 
 // ---- the kernel ----
 
-// One item type an instance (DIRECT, -1 for none; the other segments are staged), as the register
-// kernel does: all of them in one kernel spill at 4 items a lane.
+// One kernel instance a launch type (DIRECT: its Q4_K, Q5_K, F32, F16 or BF16 segments, or a
+// repacked type, -1 for none; Q6_K and Q8_0 of either layout may join any), as the register kernel
+// does: fewer paths in one kernel keep it within 128 registers without spills.
 template <int DIRECT>
 __launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
