@@ -170,26 +170,6 @@ static __device__ __forceinline__ void gemv_runs(const gemv_x & x, int t, int ru
     mb               = m[run_b / 32];
 }
 
-// One item's x, fetched before its products (the bulk kernel holds a lane's x in registers across
-// the rows it multiplies: every row's item j of a lane reads the same runs). 1 token.
-struct gemv_x_held {
-    int4  xa, xb;
-    uint2 ma, mb;
-};
-
-static __device__ __forceinline__ void gemv_fetch(const gemv_x & x, int t, int run_a, int run_b, int4 & xa, int4 & xb,
-                                                  uint2 & ma, uint2 & mb) {
-    gemv_runs(x, t, run_a, run_b, xa, xb, ma, mb);
-}
-
-static __device__ __forceinline__ void gemv_fetch(const gemv_x_held & x, int /*t*/, int /*run_a*/, int /*run_b*/,
-                                                  int4 & xa, int4 & xb, uint2 & ma, uint2 & mb) {
-    xa = x.xa;
-    xb = x.xb;
-    ma = x.ma;
-    mb = x.mb;
-}
-
 // The runs of x (16 int8 each) that an item multiplies, "a" first (gemv_runs).
 static __device__ __forceinline__ void gemv_k4_runs(int b, int q, bool swap, int & run_a, int & run_b) {
     const int lo = 256 * b + 64 * (q >> 1) + 16 * (q & 1);
@@ -231,9 +211,9 @@ static __device__ __forceinline__ void gemv_k4_scales(uint4 head, int c, uint32_
 
 // One Q4_K or Q5_K item: 16 bytes of nibbles (and high bits) of sub-blocks 2c (low nibbles) and
 // 2c + 1 (high nibbles), positions 16 (q & 1) .. + 16 of each. wa/wb: the weights of runs a/b.
-template <int T, typename X>
-static __device__ __forceinline__ void gemv_k4_dot(uint4 head, uint4 wa, uint4 wb, int b, int q, bool swap, const X & x,
-                                                   int nt, float (&acc)[T]) {
+template <int T>
+static __device__ __forceinline__ void gemv_k4_dot(uint4 head, uint4 wa, uint4 wb, int b, int q, bool swap,
+                                                   const gemv_x & x, int nt, float (&acc)[T]) {
     const int c = q >> 1;
     uint32_t  sc2, m2;
     gemv_k4_scales(head, c, sc2, m2);
@@ -249,7 +229,7 @@ static __device__ __forceinline__ void gemv_k4_dot(uint4 head, uint4 wa, uint4 w
         if (t < nt) {
             int4  xa, xb;
             uint2 ma, mb;
-            gemv_fetch(x, t, run_a, run_b, xa, xb, ma, mb);
+            gemv_runs(x, t, run_a, run_b, xa, xb, ma, mb);
             const int da = gemv_dot16(wa, xa, 0), db = gemv_dot16(wb, xb, 0);
             acc[t] += __uint_as_float(ma.x) * (dsc_a * (float) da - dm_a * (float) gemv_run_sum(ma, half)) +
                       __uint_as_float(mb.x) * (dsc_b * (float) db - dm_b * (float) gemv_run_sum(mb, half));
@@ -260,9 +240,9 @@ static __device__ __forceinline__ void gemv_k4_dot(uint4 head, uint4 wa, uint4 w
 // One Q6_K item: ql word q of a block (q = 4h + j: half h, ql bytes 16j..16j+15 of it), its qh
 // word, and the scales of its two runs: lo = 128h + 16j (low nibbles, qh bits 2(j/2)..+1) and
 // lo + 64 (high nibbles, qh bits 2(j/2)+4..+5). Values are 6 bits minus 32.
-template <int T, typename X>
+template <int T>
 static __device__ __forceinline__ void gemv_q6_dot(uint4 ql, uint4 qh, int sc_lo, int sc_hi, float d, int b, int q,
-                                                   bool swap, const X & x, int nt, float (&acc)[T]) {
+                                                   bool swap, const gemv_x & x, int nt, float (&acc)[T]) {
     const int j = q & 3;
     const int ns = swap ? 4 : 0;           // nibble of run a
     const int hs = 2 * (j >> 1) + ns;      // qh bits of run a
@@ -285,7 +265,7 @@ static __device__ __forceinline__ void gemv_q6_dot(uint4 ql, uint4 qh, int sc_lo
         if (t < nt) {
             int4  xa, xb;
             uint2 ma, mb;
-            gemv_fetch(x, t, run_a, run_b, xa, xb, ma, mb);
+            gemv_runs(x, t, run_a, run_b, xa, xb, ma, mb);
             const int da = gemv_dot16(wa, xa, 0) - 32 * gemv_run_sum(ma, half);
             const int db = gemv_dot16(wb, xb, 0) - 32 * gemv_run_sum(mb, half);
             acc[t] += __uint_as_float(ma.x) * ds_a * (float) da + __uint_as_float(mb.x) * ds_b * (float) db;
@@ -294,9 +274,9 @@ static __device__ __forceinline__ void gemv_q6_dot(uint4 ql, uint4 qh, int sc_lo
 }
 
 // One Q8_0 block (32 int8 weights, qa = values 0..15, qb = 16..31), block b of its row.
-template <int T, typename X>
-static __device__ __forceinline__ void gemv_q8_dot(uint4 qa, uint4 qb, float d, int b, bool swap, const X & x, int nt,
-                                                   float (&acc)[T]) {
+template <int T>
+static __device__ __forceinline__ void gemv_q8_dot(uint4 qa, uint4 qb, float d, int b, bool swap, const gemv_x & x,
+                                                   int nt, float (&acc)[T]) {
     const uint4 wa = swap ? qb : qa, wb = swap ? qa : qb;
     int         run_a, run_b;
     gemv_q8_runs(b, swap, run_a, run_b);
@@ -305,7 +285,7 @@ static __device__ __forceinline__ void gemv_q8_dot(uint4 qa, uint4 qb, float d, 
         if (t < nt) {
             int4  xa, xb;
             uint2 ma, mb;
-            gemv_fetch(x, t, run_a, run_b, xa, xb, ma, mb);
+            gemv_runs(x, t, run_a, run_b, xa, xb, ma, mb);
             const int dot = gemv_dot16(wa, xa, gemv_dot16(wb, xb, 0));
             acc[t] += d * __uint_as_float(ma.x) * (float) dot;
         }
@@ -353,8 +333,8 @@ template <> struct gemv_direct<FRT_GEMV_Q4_K> {
     static __device__ __forceinline__ item load(const uint8_t * row, int it, int k) {
         return { gemv_ldg16(word(row, it, k, 0)) };
     }
-    template <int T, typename X>
-    static __device__ __forceinline__ void dot(const item & w, uint4 head, int it, bool swap, const X & x, int nt,
+    template <int T>
+    static __device__ __forceinline__ void dot(const item & w, uint4 head, int it, bool swap, const gemv_x & x, int nt,
                                                float (&acc)[T]) {
         const int ns = swap ? 4 : 0;
         uint4     wa, wb;
@@ -367,10 +347,6 @@ template <> struct gemv_direct<FRT_GEMV_Q4_K> {
         wb.z = (w.qs.z >> (4 - ns)) & 0x0f0f0f0f;
         wb.w = (w.qs.w >> (4 - ns)) & 0x0f0f0f0f;
         gemv_k4_dot<T>(head, wa, wb, it >> 3, it & 7, swap, x, nt, acc);
-    }
-    // The runs of x item `it` multiplies (gemv_runs).
-    static __device__ __forceinline__ void runs(int it, bool swap, int & run_a, int & run_b) {
-        gemv_k4_runs(it >> 3, it & 7, swap, run_a, run_b);
     }
 };
 
@@ -389,8 +365,8 @@ template <> struct gemv_direct<FRT_GEMV_Q5_K> {
     static __device__ __forceinline__ item load(const uint8_t * row, int it, int k) {
         return { gemv_ldg16(word(row, it, k, 0)), gemv_ldg16(word(row, it, k, 1)) };
     }
-    template <int T, typename X>
-    static __device__ __forceinline__ void dot(const item & w, uint4 head, int it, bool swap, const X & x, int nt,
+    template <int T>
+    static __device__ __forceinline__ void dot(const item & w, uint4 head, int it, bool swap, const gemv_x & x, int nt,
                                                float (&acc)[T]) {
         const int q  = it & 7;
         const int ns = swap ? 4 : 0;
@@ -405,10 +381,6 @@ template <> struct gemv_direct<FRT_GEMV_Q5_K> {
         wb.z = ((w.qs.z >> (4 - ns)) & 0x0f0f0f0f) | (((w.qh.z >> hb) & 0x01010101) << 4);
         wb.w = ((w.qs.w >> (4 - ns)) & 0x0f0f0f0f) | (((w.qh.w >> hb) & 0x01010101) << 4);
         gemv_k4_dot<T>(head, wa, wb, it >> 3, q, swap, x, nt, acc);
-    }
-    // The runs of x item `it` multiplies (gemv_runs).
-    static __device__ __forceinline__ void runs(int it, bool swap, int & run_a, int & run_b) {
-        gemv_k4_runs(it >> 3, it & 7, swap, run_a, run_b);
     }
 };
 
@@ -436,15 +408,11 @@ template <> struct gemv_direct<FRT_GEMV_Q6_K_R> {
         return { gemv_ldg16(blk + 16 * q), gemv_ldg16(blk + 128 + 16 * (2 * (q >> 2) + (q & 1))),
                  gemv_ldg_u16(blk + 192 + 2 * q), gemv_ldg_u16(row + 208 * (k / 256) + 2 * b) };
     }
-    template <int T, typename X>
-    static __device__ __forceinline__ void dot(const item & w, uint4 /*head*/, int it, bool swap, const X & x, int nt,
-                                               float (&acc)[T]) {
+    template <int T>
+    static __device__ __forceinline__ void dot(const item & w, uint4 /*head*/, int it, bool swap, const gemv_x & x,
+                                               int nt, float (&acc)[T]) {
         gemv_q6_dot<T>(w.ql, w.qh, (int8_t) (w.sc & 0xff), (int8_t) (w.sc >> 8), gemv_half(w.d), it >> 3, it & 7,
                        swap, x, nt, acc);
-    }
-    // The runs of x item `it` multiplies (gemv_runs).
-    static __device__ __forceinline__ void runs(int it, bool swap, int & run_a, int & run_b) {
-        gemv_q6_runs(it >> 3, it & 7, swap, run_a, run_b);
     }
 };
 
@@ -466,14 +434,10 @@ template <> struct gemv_direct<FRT_GEMV_Q8_0_R> {
     static __device__ __forceinline__ item load(const uint8_t * row, int it, int k) {
         return { gemv_ldg16(row + 32 * it), gemv_ldg16(row + 32 * it + 16), gemv_ldg_u16(row + k + 2 * it) };
     }
-    template <int T, typename X>
-    static __device__ __forceinline__ void dot(const item & w, uint4 /*head*/, int it, bool swap, const X & x, int nt,
-                                               float (&acc)[T]) {
+    template <int T>
+    static __device__ __forceinline__ void dot(const item & w, uint4 /*head*/, int it, bool swap, const gemv_x & x,
+                                               int nt, float (&acc)[T]) {
         gemv_q8_dot<T>(w.qa, w.qb, gemv_half(w.d), it, swap, x, nt, acc);
-    }
-    // The runs of x item `it` multiplies (gemv_runs).
-    static __device__ __forceinline__ void runs(int it, bool swap, int & run_a, int & run_b) {
-        gemv_q8_runs(it, swap, run_a, run_b);
     }
 };
 
