@@ -222,70 +222,28 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
 
 // The bulk kernel's plan: which rows a stage holds, how the items of a row spread over lanes.
 const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms, bulk_params & p, int & smem) {
-    if (a.k <= 0 || a.k % 256 != 0) {
-        return "frt_gemv: k must be a positive multiple of 256";
-    }
     if (a.tokens != 1) {
         return "frt_gemv: the bulk kernel takes 1 token";
     }
-    if (a.n_segments < 1 || a.n_segments > FRT_GEMV_MAX_SEGMENTS) {
-        return "frt_gemv: 1 to 8 segments";
+    // The register kernel's checks hold for the bulk kernel at 1 token (one item type a launch,
+    // staged rows contiguous, the experts' limits); it adds that a staged matrix is a multiple
+    // of 16 bytes (its copies move 16-byte multiples).
+    gemv_params checked;
+    int         stage_bytes = 0;
+    if (const char * why = gemv_check(a, stage_bytes, p.direct, checked)) {
+        return why;
     }
-    if (a.x == nullptr || !gemv_aligned16(a.x) || a.x_stride % 4 != 0 || a.x_stride < a.k) {
-        return "frt_gemv: x must be 16-byte aligned with a stride of k or more, a multiple of 4";
-    }
-    if (a.norm != nullptr && !gemv_aligned16(a.norm)) {
-        return "frt_gemv: norm must be 16-byte aligned";
-    }
-    if (a.x_per_token < 1 || a.x_per_token > FRT_GEMV_MAX_SLOTS) {
-        return "frt_gemv: x_per_token must be 1 or the experts a token";
-    }
-    if (a.norm != nullptr && a.x_per_token > FRT_GEMV_MAX_TOKENS) {
-        return "frt_gemv: the RMS norm prologue takes at most 8 input vectors";
-    }
-    for (int i = 0; i < a.n_segments; ++i) {
-        if (a.seg[i].type < 0 || a.seg[i].type >= FRT_GEMV_TYPE_COUNT) {
-            return "frt_gemv: unknown weight type";
-        }
-    }
-    p.direct = gemv_direct_type(a);
-    if (p.direct == -2) {
-        return "frt_gemv: one launch takes one of F32/F16/BF16/Q4_K/Q5_K (Q6_K and Q8_0, GGUF or repacked, may join "
-               "any): split the pack by type";
-    }
-    p.x          = { a.x, a.norm, a.x_stride, a.eps, a.k, a.x_per_token, 0, 0 };
+    p.x          = { a.x, a.norm, a.x_stride, a.eps, a.k, a.x_per_token, checked.need_q8, checked.need_f32 };
     p.n_segments = a.n_segments;
     int64_t bytes = 0, stage = 0;
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
         bulk_seg &               q = p.seg[i];
-        if (s.w == nullptr || !gemv_aligned16(s.w) || s.out == nullptr || s.rows < 1) {
-            return "frt_gemv: a segment needs 16-byte aligned weights, an output and rows >= 1";
-        }
-        if (s.epilogue != FRT_GEMV_STORE && (s.epilogue != FRT_GEMV_ADD || s.residual == nullptr)) {
-            return "frt_gemv: unknown epilogue, or FRT_GEMV_ADD without a residual";
-        }
         const int64_t row_bytes = frt_gemv_row_bytes(s.type, a.k);
         q.staged                = s.type != p.direct;
-        if (q.staged ? s.row_stride != row_bytes || (int64_t) s.rows * row_bytes % 16 != 0
-                     : s.row_stride < row_bytes || s.row_stride % 16 != 0) {
-            return "frt_gemv: row stride: GGUF Q6_K/Q8_0 rows (and repacked ones in a pack of another type) must be "
-                   "contiguous and their matrix a multiple of 16 bytes, the others' rows a multiple of 16 bytes no "
-                   "smaller than the row";
-        }
-        if (s.ids != nullptr) {
-            if (s.n_used < 1 || s.n_used > FRT_GEMV_MAX_SLOTS || s.n_experts < 1 || s.expert_stride % 16 != 0 ||
-                (a.x_per_token != 1 && a.x_per_token != s.n_used)) {
-                return "frt_gemv: experts: 1 <= n_used <= 64, n_experts >= 1, expert stride a multiple of 16, "
-                       "x_per_token 1 or n_used";
-            }
-        } else if (a.x_per_token != 1) {
-            return "frt_gemv: a dense segment reads one input a token (x_per_token == 1)";
-        }
-        if (gemv_quantized(s.type)) {
-            p.x.need_q8 = 1;
-        } else {
-            p.x.need_f32 = 1;
+        if (q.staged && (int64_t) s.rows * row_bytes % 16 != 0) {
+            return "frt_gemv: the bulk kernel needs GGUF Q6_K/Q8_0 matrices (and repacked ones in a pack of another "
+                   "type) of a multiple of 16 bytes";
         }
         q.w               = (const uint8_t *) s.w;
         q.out             = s.out;
