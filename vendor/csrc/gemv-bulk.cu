@@ -640,19 +640,7 @@ __launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(c
 template <int DIRECT>
 static cudaError_t bulk_launch(const bulk_params & p, int smem, const gemv_device & dev, int device,
                                cudaStream_t stream) {
-    static std::once_flag once[kMaxDevices];
-    static cudaError_t    allowed[kMaxDevices];
-    const auto            allow = [&] {
-        return cudaFuncSetAttribute(frt_gemv_bulk_kernel<DIRECT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    dev.smem_optin - kBulkStatic);
-    };
-    cudaError_t err;
-    if (device < 0 || device >= kMaxDevices) {
-        err = allow();
-    } else {
-        std::call_once(once[device], [&] { allowed[device] = allow(); });
-        err = allowed[device];
-    }
+    const cudaError_t err = gemv_allow_smem<frt_gemv_bulk_kernel<DIRECT>>(device, dev.smem_optin - kBulkStatic);
     if (err != cudaSuccess) {
         return err;
     }

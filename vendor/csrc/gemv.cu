@@ -236,6 +236,7 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
     p.x          = { a.x, a.norm, a.x_stride, a.eps, a.k, a.x_per_token, checked.need_q8, checked.need_f32 };
     p.n_segments = a.n_segments;
     int64_t bytes = 0, stage = 0;
+    int     part_rows = 0;  // the most rows of a tensor-core chunk: its partial sums a block
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
         bulk_seg &               q = p.seg[i];
@@ -292,6 +293,7 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
             const int nb = a.k / 256;
             q.chunk_rows = 16 * std::max(1, (kBulkWarps + nb - 1) / nb);  // a multiple of every quantum here
             stage        = std::max(stage, (int64_t) q.chunk_rows * q.pitch);
+            part_rows    = std::max(part_rows, q.chunk_rows);
             continue;
         }
         // Chunks: the rows every consumer warp takes at once (a row group each, or a quantum each
@@ -320,11 +322,7 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
     p.smem_xm           = take(at, p.x.need_q8 ? 8 * n_vec * (a.k / 32) : 0);
     p.smem_xq           = take(at, p.x.need_q8 ? n_vec * a.k : 0);
     p.smem_xf           = take(at, p.x.need_f32 ? 4 * n_vec * a.k : 0);
-    bool mma            = false;
-    for (int i = 0; i < a.n_segments; ++i) {
-        mma = mma || p.seg[i].mma;
-    }
-    p.smem_part         = take(at, mma ? 4 * (int64_t) (16 * ((kBulkWarps + a.k / 256 - 1) / (a.k / 256))) * (a.k / 256) : 0);
+    p.smem_part         = take(at, 4 * (int64_t) part_rows * (a.k / 256));
     p.smem_stage        = at;
     // Stages: what a block's share needs (all of it in flight before the wait for the previous
     // kernel when it fits), at most what shared memory holds.
