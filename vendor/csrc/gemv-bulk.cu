@@ -665,8 +665,11 @@ cudaError_t frt_gemv_bulk_launch(const frt_gemv_args & a, cudaStream_t stream) {
     if (frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem) != nullptr) {
         return cudaErrorInvalidValue;
     }
-    const char * lab = std::getenv("FRT_GEMV_BULK_LAB");
-    p.lab            = lab ? std::atoi(lab) : 0;
+    static const int lab = [] {  // read once: launches are on the decode path
+        const char * v = std::getenv("FRT_GEMV_BULK_LAB");
+        return v ? std::atoi(v) : 0;
+    }();
+    p.lab = lab;
     switch (p.direct) {
         case FRT_GEMV_F32:    return bulk_launch<FRT_GEMV_F32>(p, smem, dev, device, stream);
         case FRT_GEMV_F16:    return bulk_launch<FRT_GEMV_F16>(p, smem, dev, device, stream);
