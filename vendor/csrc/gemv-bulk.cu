@@ -321,30 +321,43 @@ static __device__ void bulk_mma_finish(const bulk_params & p, const bulk_seg & s
 #endif
 }
 
-// The rows of a Q4_K or Q5_K chunk (rows at s.pitch in the stage): tasks of (16-row tile,
-// 256-column block) go round the consumer warps; a task is 8 mma, one a sub-block, with x as column
-// 0 of B (the other 7 columns zero); lanes 4g (g < 8) scale rows g and g + 8 and leave the task's
-// sum in part[row][block]; after a barrier of the consumer warps the blocks of each row are added
-// in order and stored, and a second barrier frees part for the next chunk. Sub-blocks 2c and 2c + 1
-// are the low and high nibbles of qs bytes 32c .. + 31; Q5_K adds bit 2c (2c + 1) of qh byte l as
-// the value's bit 4.
-template <int TYPE>
-static __device__ void bulk_k_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                       const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
-    constexpr bool Q5 = TYPE == FRT_GEMV_Q5_K;
-    constexpr int  kBlock = Q5 ? 176 : 144, kQs = Q5 ? 48 : 16;
-    const int      k = p.x.k, nb = k / 256, tiles = (c.nrows + 15) / 16;
-    const int      g = lane >> 2, tig = lane & 3;
-    const int      vec = s.x_per_token == 1 ? 0 : c.inst;
-    const int8_t * xq  = (const int8_t *) (smem + p.smem_xq) + vec * k;
-    const uint2 *  xm  = (const uint2 *) (smem + p.smem_xm) + vec * (k / 32);
-    float *        part = (float *) (smem + p.smem_part);
+// The rows of a chunk of a quantized type on the tensor cores (rows at s.pitch in the stage):
+// tasks of (16-row tile, 256-column block) go round the consumer warps; TASK::run multiplies rows
+// g and g + 8 of the tile (g = lane / 4) by the block with mma, x as column 0 of B (the other 7
+// columns zero), and lanes 4g leave the two rows' sums, which go to part[row][block]; after a
+// barrier of the consumer warps the blocks of each row are added in order and stored, and a second
+// barrier frees part for the next chunk.
+template <class TASK>
+static __device__ void bulk_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
+                                     const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
+    const int    nb = p.x.k / 256, tiles = (c.nrows + 15) / 16, g = lane >> 2;
+    const gemv_x x    = bulk_x_of(p, s, c.inst, smem);
+    float *      part = (float *) (smem + p.smem_part);
     for (int task = warp; task < tiles * nb; task += kBulkWarps) {
-        const int       tile = task / nb, blk = task % nb;
-        const int       r_lo = 16 * tile + g, r_hi = r_lo + 8;
-        const bool      ok_lo = r_lo < c.nrows, ok_hi = r_hi < c.nrows;
-        const uint8_t * lo    = buf + (ok_lo ? r_lo : 0) * s.pitch + kBlock * blk;
-        const uint8_t * hi    = buf + (ok_hi ? r_hi : 0) * s.pitch + kBlock * blk;
+        const int  tile = task / nb, blk = task % nb;
+        const int  r_lo = 16 * tile + g, r_hi = r_lo + 8;
+        const bool ok_lo = r_lo < c.nrows, ok_hi = r_hi < c.nrows;
+        float      sum_lo = 0.0f, sum_hi = 0.0f;
+        TASK::run(buf + (ok_lo ? r_lo : 0) * s.pitch, buf + (ok_hi ? r_hi : 0) * s.pitch, ok_lo, ok_hi, blk, x, lane,
+                  sum_lo, sum_hi);
+        if ((lane & 3) == 0) {
+            part[r_lo * nb + blk] = sum_lo;
+            part[r_hi * nb + blk] = sum_hi;
+        }
+    }
+    bulk_mma_finish(p, s, c, smem, nb, warp, lane);
+}
+
+// A Q4_K or Q5_K block: 8 mma, one a sub-block. Sub-blocks 2c and 2c + 1 are the low and high
+// nibbles of qs bytes 32c .. + 31; Q5_K adds bit 2c (2c + 1) of qh byte l as the value's bit 4.
+template <int TYPE> struct bulk_k_task {
+    static __device__ __forceinline__ void run(const uint8_t * row_lo, const uint8_t * row_hi, bool ok_lo, bool ok_hi,
+                                               int blk, const gemv_x & x, int lane, float & sum_lo, float & sum_hi) {
+        constexpr bool  Q5 = TYPE == FRT_GEMV_Q5_K;
+        constexpr int   kBlock = Q5 ? 176 : 144, kQs = Q5 ? 48 : 16;
+        const int       g = lane >> 2, tig = lane & 3;
+        const uint8_t * lo = row_lo + kBlock * blk;
+        const uint8_t * hi = row_hi + kBlock * blk;
         uint4           head_lo = make_uint4(0, 0, 0, 0), head_hi = make_uint4(0, 0, 0, 0);
         if (tig == 0) {
             head_lo = *(const uint4 *) lo;
@@ -355,7 +368,6 @@ static __device__ void bulk_k_mma_rows(const bulk_params & p, const bulk_seg & s
         const uint32_t qh_lo1 = Q5 && ok_lo ? *(const uint32_t *) (lo + 32 + 4 * tig) : 0u;
         const uint32_t qh_hi0 = Q5 && ok_hi ? *(const uint32_t *) (hi + 16 + 4 * tig) : 0u;
         const uint32_t qh_hi1 = Q5 && ok_hi ? *(const uint32_t *) (hi + 32 + 4 * tig) : 0u;
-        float          sum_lo = 0.0f, sum_hi = 0.0f;
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {
             const int      off  = kQs + 32 * cc + 4 * tig;
@@ -364,10 +376,10 @@ static __device__ void bulk_k_mma_rows(const bulk_params & p, const bulk_seg & s
             const uint32_t hi0  = ok_hi ? *(const uint32_t *) (hi + off) : 0u;
             const uint32_t hi1  = ok_hi ? *(const uint32_t *) (hi + off + 16) : 0u;
             const int      xoff = 256 * blk + 64 * cc + 4 * tig;
-            const uint32_t b_e[2] = { g == 0 ? *(const uint32_t *) (xq + xoff) : 0u,
-                                      g == 0 ? *(const uint32_t *) (xq + xoff + 16) : 0u };
-            const uint32_t b_o[2] = { g == 0 ? *(const uint32_t *) (xq + xoff + 32) : 0u,
-                                      g == 0 ? *(const uint32_t *) (xq + xoff + 48) : 0u };
+            const uint32_t b_e[2] = { g == 0 ? *(const uint32_t *) (x.q + xoff) : 0u,
+                                      g == 0 ? *(const uint32_t *) (x.q + xoff + 16) : 0u };
+            const uint32_t b_o[2] = { g == 0 ? *(const uint32_t *) (x.q + xoff + 32) : 0u,
+                                      g == 0 ? *(const uint32_t *) (x.q + xoff + 48) : 0u };
             uint32_t       a_e[4] = { lo0 & 0x0f0f0f0fu, hi0 & 0x0f0f0f0fu, lo1 & 0x0f0f0f0fu, hi1 & 0x0f0f0f0fu };
             uint32_t       a_o[4] = { (lo0 >> 4) & 0x0f0f0f0fu, (hi0 >> 4) & 0x0f0f0f0fu, (lo1 >> 4) & 0x0f0f0f0fu,
                                       (hi1 >> 4) & 0x0f0f0f0fu };
@@ -379,22 +391,17 @@ static __device__ void bulk_k_mma_rows(const bulk_params & p, const bulk_seg & s
                     a_o[i] |= ((qh[i] >> (2 * cc + 1)) & 0x01010101u) << 4;
                 }
             }
-            int            de[4], dd[4];
+            int de[4], dd[4];
             bulk_mma_s8(de, a_e, b_e);
             bulk_mma_s8(dd, a_o, b_o);
             if (tig == 0) {
-                const uint2 me = xm[8 * blk + 2 * cc], mo = xm[8 * blk + 2 * cc + 1];
+                const uint2 me = x.m[8 * blk + 2 * cc], mo = x.m[8 * blk + 2 * cc + 1];
                 sum_lo += bulk_q4k_pair(head_lo, cc, de[0], dd[0], me, mo);
                 sum_hi += bulk_q4k_pair(head_hi, cc, de[2], dd[2], me, mo);
             }
         }
-        if (tig == 0) {
-            part[r_lo * nb + blk] = sum_lo;
-            part[r_hi * nb + blk] = sum_hi;
-        }
     }
-    bulk_mma_finish(p, s, c, smem, nb, warp, lane);
-}
+};
 
 // D = A B for m16n8k16 (s8): A 16 x 16 (a0: A[t / 4][4 (t % 4) .. + 3], a1: row + 8), B 16 x 8
 // (b0: B[4 (t % 4) .. + 3][t / 4]), D as in bulk_mma_s8.
@@ -426,104 +433,69 @@ static __device__ __forceinline__ int bulk_q6r_scale_at(int n) {
 // Group (h, j, s) is values 128 h + 32 j + 16 s .. + 15 of the block: ql bytes 64 h + 32 (j & 1)
 // + 16 s (low nibbles for j < 2, high for j >= 2), qh bytes 128 + 32 h + 16 s (bits 2j, 2j + 1),
 // GGUF scale 8 h + s + 2 j. Values are 6 bits (the -32 goes through x's run sums).
-template <bool REPACKED>
-static __device__ __forceinline__ void bulk_q6k_task(const uint8_t * lo, const uint8_t * hi, bool ok_lo, bool ok_hi,
-                                                     float d_lo, float d_hi, const int8_t * xq, const uint2 * xm,
-                                                     int blk, int lane, float & sum_lo, float & sum_hi) {
-    const int g = lane >> 2, tig = lane & 3;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int sg = 0; sg < 2; ++sg) {
-            const int      off  = 64 * h + 16 * sg + 4 * tig;
-            const uint32_t l0_lo = ok_lo ? bulk_lds4<REPACKED>(lo + off) : 0u;
-            const uint32_t l1_lo = ok_lo ? bulk_lds4<REPACKED>(lo + off + 32) : 0u;
-            const uint32_t qh_lo = ok_lo ? bulk_lds4<REPACKED>(lo + 128 + 32 * h + 16 * sg + 4 * tig) : 0u;
-            const uint32_t l0_hi = ok_hi ? bulk_lds4<REPACKED>(hi + off) : 0u;
-            const uint32_t l1_hi = ok_hi ? bulk_lds4<REPACKED>(hi + off + 32) : 0u;
-            const uint32_t qh_hi = ok_hi ? bulk_lds4<REPACKED>(hi + 128 + 32 * h + 16 * sg + 4 * tig) : 0u;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int      ns    = 4 * (j >> 1);
-                const uint32_t ql_lo = (j & 1) ? l1_lo : l0_lo, ql_hi = (j & 1) ? l1_hi : l0_hi;
-                const uint32_t a[2]  = { ((ql_lo >> ns) & 0x0f0f0f0fu) | (((qh_lo >> (2 * j)) & 0x03030303u) << 4),
-                                         ((ql_hi >> ns) & 0x0f0f0f0fu) | (((qh_hi >> (2 * j)) & 0x03030303u) << 4) };
-                const int      xoff  = 256 * blk + 128 * h + 32 * j + 16 * sg;
-                const uint32_t b     = g == 0 ? *(const uint32_t *) (xq + xoff + 4 * tig) : 0u;
-                int            dd[4];
-                bulk_mma_s8_k16(dd, a, b);
-                if ((lane & 3) == 0) {
-                    const uint2 m    = xm[xoff / 32];
-                    const float xs   = __uint_as_float(m.x);
-                    const int   xsum = gemv_run_sum(m, sg);
-                    const int   n    = 8 * h + sg + 2 * j;
-                    const int   at   = REPACKED ? bulk_q6r_scale_at(n) : n;
-                    sum_lo += xs * d_lo * (float) (int8_t) lo[192 + at] * (float) (dd[0] - 32 * xsum);
-                    sum_hi += xs * d_hi * (float) (int8_t) hi[192 + at] * (float) (dd[2] - 32 * xsum);
-                }
-            }
-        }
-    }
-}
-
-// The rows of a Q6_K chunk (GGUF rows, or repacked ones) on the tensor cores, as
-// bulk_k_mma_rows does Q4_K.
-template <bool REPACKED>
-static __device__ void bulk_q6k_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                         const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
-    const int      k = p.x.k, nb = k / 256, tiles = (c.nrows + 15) / 16;
-    const int      g = lane >> 2;
-    const int      vec = s.x_per_token == 1 ? 0 : c.inst;
-    const int8_t * xq  = (const int8_t *) (smem + p.smem_xq) + vec * k;
-    const uint2 *  xm  = (const uint2 *) (smem + p.smem_xm) + vec * (k / 32);
-    float *        part = (float *) (smem + p.smem_part);
-    constexpr int  blk_bytes = REPACKED ? 208 : 210;
-    for (int task = warp; task < tiles * nb; task += kBulkWarps) {
-        const int       tile = task / nb, blk = task % nb;
-        const int       r_lo = 16 * tile + g, r_hi = r_lo + 8;
-        const bool      ok_lo = r_lo < c.nrows, ok_hi = r_hi < c.nrows;
-        const uint8_t * row_lo = buf + (ok_lo ? r_lo : 0) * s.pitch;
-        const uint8_t * row_hi = buf + (ok_hi ? r_hi : 0) * s.pitch;
-        const uint8_t * lo     = row_lo + blk_bytes * blk;
-        const uint8_t * hi     = row_hi + blk_bytes * blk;
+template <bool REPACKED> struct bulk_q6k_task {
+    static __device__ __forceinline__ void run(const uint8_t * row_lo, const uint8_t * row_hi, bool ok_lo, bool ok_hi,
+                                               int blk, const gemv_x & x, int lane, float & sum_lo, float & sum_hi) {
+        constexpr int   blk_bytes = REPACKED ? 208 : 210;
+        const int       g = lane >> 2, tig = lane & 3, nb = x.k / 256;
+        const uint8_t * lo = row_lo + blk_bytes * blk;
+        const uint8_t * hi = row_hi + blk_bytes * blk;
+        const int8_t *  xq = x.q;
+        const uint2 *   xm = x.m;
         float           d_lo = 0.0f, d_hi = 0.0f;
-        if ((lane & 3) == 0) {
+        if (tig == 0) {
             d_lo = gemv_half(REPACKED ? *(const unsigned short *) (row_lo + 208 * nb + 2 * blk)
                                       : *(const unsigned short *) (lo + 208));
             d_hi = gemv_half(REPACKED ? *(const unsigned short *) (row_hi + 208 * nb + 2 * blk)
                                       : *(const unsigned short *) (hi + 208));
         }
-        float sum_lo = 0.0f, sum_hi = 0.0f;
-        bulk_q6k_task<REPACKED>(lo, hi, ok_lo, ok_hi, d_lo, d_hi, xq, xm, blk, lane, sum_lo, sum_hi);
-        if ((lane & 3) == 0) {
-            part[r_lo * nb + blk] = sum_lo;
-            part[r_hi * nb + blk] = sum_hi;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int sg = 0; sg < 2; ++sg) {
+                const int      off  = 64 * h + 16 * sg + 4 * tig;
+                const uint32_t l0_lo = ok_lo ? bulk_lds4<REPACKED>(lo + off) : 0u;
+                const uint32_t l1_lo = ok_lo ? bulk_lds4<REPACKED>(lo + off + 32) : 0u;
+                const uint32_t qh_lo = ok_lo ? bulk_lds4<REPACKED>(lo + 128 + 32 * h + 16 * sg + 4 * tig) : 0u;
+                const uint32_t l0_hi = ok_hi ? bulk_lds4<REPACKED>(hi + off) : 0u;
+                const uint32_t l1_hi = ok_hi ? bulk_lds4<REPACKED>(hi + off + 32) : 0u;
+                const uint32_t qh_hi = ok_hi ? bulk_lds4<REPACKED>(hi + 128 + 32 * h + 16 * sg + 4 * tig) : 0u;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int      ns    = 4 * (j >> 1);
+                    const uint32_t ql_lo = (j & 1) ? l1_lo : l0_lo, ql_hi = (j & 1) ? l1_hi : l0_hi;
+                    const uint32_t a[2]  = {
+                        ((ql_lo >> ns) & 0x0f0f0f0fu) | (((qh_lo >> (2 * j)) & 0x03030303u) << 4),
+                        ((ql_hi >> ns) & 0x0f0f0f0fu) | (((qh_hi >> (2 * j)) & 0x03030303u) << 4)
+                    };
+                    const int      xoff  = 256 * blk + 128 * h + 32 * j + 16 * sg;
+                    const uint32_t b     = g == 0 ? *(const uint32_t *) (xq + xoff + 4 * tig) : 0u;
+                    int            dd[4];
+                    bulk_mma_s8_k16(dd, a, b);
+                    if ((lane & 3) == 0) {
+                        const uint2 m    = xm[xoff / 32];
+                        const float xs   = __uint_as_float(m.x);
+                        const int   xsum = gemv_run_sum(m, sg);
+                        const int   n    = 8 * h + sg + 2 * j;
+                        const int   at   = REPACKED ? bulk_q6r_scale_at(n) : n;
+                        sum_lo += xs * d_lo * (float) (int8_t) lo[192 + at] * (float) (dd[0] - 32 * xsum);
+                        sum_hi += xs * d_hi * (float) (int8_t) hi[192 + at] * (float) (dd[2] - 32 * xsum);
+                    }
+                }
+            }
         }
     }
-    bulk_mma_finish(p, s, c, smem, nb, warp, lane);
-}
+};
 
-// The rows of a Q8_0 chunk (GGUF rows: 34-byte blocks, d first; repacked: the quants, then the
-// d's) on the tensor cores: a task is 8 mma, one a 32-value block.
-template <bool REPACKED>
-static __device__ void bulk_q8_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                        const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
-    const int      k = p.x.k, nb = k / 256, tiles = (c.nrows + 15) / 16;
-    const int      g = lane >> 2, tig = lane & 3;
-    const int      vec = s.x_per_token == 1 ? 0 : c.inst;
-    const int8_t * xq  = (const int8_t *) (smem + p.smem_xq) + vec * k;
-    const uint2 *  xm  = (const uint2 *) (smem + p.smem_xm) + vec * (k / 32);
-    float *        part = (float *) (smem + p.smem_part);
-    for (int task = warp; task < tiles * nb; task += kBulkWarps) {
-        const int       tile = task / nb, blk = task % nb;
-        const int       r_lo = 16 * tile + g, r_hi = r_lo + 8;
-        const bool      ok_lo = r_lo < c.nrows, ok_hi = r_hi < c.nrows;
-        const uint8_t * row_lo = buf + (ok_lo ? r_lo : 0) * s.pitch;
-        const uint8_t * row_hi = buf + (ok_hi ? r_hi : 0) * s.pitch;
-        float           sum_lo = 0.0f, sum_hi = 0.0f;
+// A Q8_0 block column (GGUF rows: 34-byte blocks, d first; repacked: the quants, then the d's): 8
+// mma, one a 32-value block.
+template <bool REPACKED> struct bulk_q8_task {
+    static __device__ __forceinline__ void run(const uint8_t * row_lo, const uint8_t * row_hi, bool ok_lo, bool ok_hi,
+                                               int blk, const gemv_x & x, int lane, float & sum_lo, float & sum_hi) {
+        const int g = lane >> 2, tig = lane & 3;
 #pragma unroll 2
         for (int bq = 0; bq < 8; ++bq) {
-            const int       f  = 8 * blk + bq;
+            const int       f     = 8 * blk + bq;
             const uint8_t * qs_lo = REPACKED ? row_lo + 32 * f : row_lo + 34 * f + 2;
             const uint8_t * qs_hi = REPACKED ? row_hi + 32 * f : row_hi + 34 * f + 2;
             const uint32_t  a[4]  = { ok_lo ? bulk_lds4<REPACKED>(qs_lo + 4 * tig) : 0u,
@@ -531,27 +503,22 @@ static __device__ void bulk_q8_mma_rows(const bulk_params & p, const bulk_seg & 
                                       ok_lo ? bulk_lds4<REPACKED>(qs_lo + 16 + 4 * tig) : 0u,
                                       ok_hi ? bulk_lds4<REPACKED>(qs_hi + 16 + 4 * tig) : 0u };
             const int       xoff  = 32 * f + 4 * tig;
-            const uint32_t  b[2]  = { g == 0 ? *(const uint32_t *) (xq + xoff) : 0u,
-                                      g == 0 ? *(const uint32_t *) (xq + xoff + 16) : 0u };
+            const uint32_t  b[2]  = { g == 0 ? *(const uint32_t *) (x.q + xoff) : 0u,
+                                      g == 0 ? *(const uint32_t *) (x.q + xoff + 16) : 0u };
             int             dd[4];
             bulk_mma_s8(dd, a, b);
             if (tig == 0) {
-                const float xs   = __uint_as_float(xm[f].x);
-                const float d_lo = gemv_half(REPACKED ? *(const unsigned short *) (row_lo + k + 2 * f)
+                const float xs   = __uint_as_float(x.m[f].x);
+                const float d_lo = gemv_half(REPACKED ? *(const unsigned short *) (row_lo + x.k + 2 * f)
                                                       : *(const unsigned short *) (row_lo + 34 * f));
-                const float d_hi = gemv_half(REPACKED ? *(const unsigned short *) (row_hi + k + 2 * f)
+                const float d_hi = gemv_half(REPACKED ? *(const unsigned short *) (row_hi + x.k + 2 * f)
                                                       : *(const unsigned short *) (row_hi + 34 * f));
                 sum_lo += xs * d_lo * (float) dd[0];
                 sum_hi += xs * d_hi * (float) dd[2];
             }
         }
-        if (tig == 0) {
-            part[r_lo * nb + blk] = sum_lo;
-            part[r_hi * nb + blk] = sum_hi;
-        }
     }
-    bulk_mma_finish(p, s, c, smem, nb, warp, lane);
-}
+};
 
 template <int DIRECT>
 static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, const uint8_t * buf,
@@ -562,13 +529,13 @@ static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, co
     // Q4_K/Q5_K and the float types are only ever the launch's item type (DIRECT); Q6_K and Q8_0,
     // GGUF or repacked, may join any launch.
     switch (s.type) {
-        case FRT_GEMV_Q6_K:   bulk_q6k_mma_rows<false>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q6_K_R: bulk_q6k_mma_rows<true>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q8_0:   bulk_q8_mma_rows<false>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q8_0_R: bulk_q8_mma_rows<true>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q6_K:   bulk_mma_rows<bulk_q6k_task<false>>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q6_K_R: bulk_mma_rows<bulk_q6k_task<true>>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q8_0:   bulk_mma_rows<bulk_q8_task<false>>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q8_0_R: bulk_mma_rows<bulk_q8_task<true>>(p, s, c, buf, smem, warp, lane); break;
         default:
             if constexpr (DIRECT == FRT_GEMV_Q4_K || DIRECT == FRT_GEMV_Q5_K) {
-                bulk_k_mma_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
+                bulk_mma_rows<bulk_k_task<DIRECT>>(p, s, c, buf, smem, warp, lane);
             } else if constexpr (DIRECT == FRT_GEMV_F32 || DIRECT == FRT_GEMV_F16 || DIRECT == FRT_GEMV_BF16) {
                 bulk_item_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
             }
