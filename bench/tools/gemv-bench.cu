@@ -414,6 +414,16 @@ int out_rows(const shape_spec & s) {
 
 // ---- --lab: the v2 experiments (gemv-lab.cuh) ----
 
+// A markdown cell: the time of `impl` in `row`, or empty when it was not timed.
+void print_cell(const std::map<std::string, double> & row, const std::string & impl) {
+    const auto it = row.find(impl);
+    if (it == row.end()) {
+        std::printf(" |");
+    } else {
+        std::printf(" %.2f |", it->second);
+    }
+}
+
 // Types a lab variant is built for (bit per frt_gemv_type): all four the lab shapes use, or the
 // two whose shapes answer the structural questions (Q4_K: the big matrices; F32: the router and
 // the 1-row gate, where the fixed cost is everything).
@@ -680,12 +690,7 @@ void run_lab(std::FILE * out, const std::vector<std::string> & only, const std::
                  }
                  return names;
              }()) {
-            const auto it = row.find(impl);
-            if (it == row.end()) {
-                std::printf(" |");
-            } else {
-                std::printf(" %.2f |", it->second);
-            }
+            print_cell(row, impl);
         }
         std::printf("\n");
     }
@@ -711,12 +716,7 @@ void run_lab(std::FILE * out, const std::vector<std::string> & only, const std::
             const auto & row = us[name][t];
             std::printf("| %s | %d | %.2f |", name.c_str(), t, row.count("v1") ? row.at("v1") : 0.0);
             for (const lab_variant * v : multi) {
-                const auto it = row.find(v->name);
-                if (it == row.end()) {
-                    std::printf(" |");
-                } else {
-                    std::printf(" %.2f |", it->second);
-                }
+                print_cell(row, v->name);
             }
             std::printf("\n");
         }

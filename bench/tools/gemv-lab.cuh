@@ -581,36 +581,21 @@ template <class C, int TYPE, int T> static kernel_facts facts_of(size_t smem) {
     return f;
 }
 
-// The 1-token kernel of a variant for `type`; false when the variant is not built for it.
-template <class C, unsigned TYPES> static bool facts(int type, size_t smem, kernel_facts & f) {
-    switch (type) {
-        case FRT_GEMV_F32:
-            if constexpr (TYPES >> FRT_GEMV_F32 & 1u) {
-                f = facts_of<C, FRT_GEMV_F32, 1>(smem);
-                return true;
-            }
-            break;
-        case FRT_GEMV_Q4_K:
-            if constexpr (TYPES >> FRT_GEMV_Q4_K & 1u) {
-                f = facts_of<C, FRT_GEMV_Q4_K, 1>(smem);
-                return true;
-            }
-            break;
-        case FRT_GEMV_Q6_K_R:
-            if constexpr (TYPES >> FRT_GEMV_Q6_K_R & 1u) {
-                f = facts_of<C, FRT_GEMV_Q6_K_R, 1>(smem);
-                return true;
-            }
-            break;
-        case FRT_GEMV_Q8_0_R:
-            if constexpr (TYPES >> FRT_GEMV_Q8_0_R & 1u) {
-                f = facts_of<C, FRT_GEMV_Q8_0_R, 1>(smem);
-                return true;
-            }
-            break;
-        default: break;
+// The 1-token kernel of a variant for `type` when that is TYPE and the variant is built for it.
+template <class C, unsigned TYPES, int TYPE> static bool facts_if(int type, size_t smem, kernel_facts & f) {
+    if constexpr (TYPES >> TYPE & 1u) {
+        if (type == TYPE) {
+            f = facts_of<C, TYPE, 1>(smem);
+            return true;
+        }
     }
     return false;
+}
+
+// The 1-token kernel of a variant for `type`; false when the variant is not built for it.
+template <class C, unsigned TYPES> static bool facts(int type, size_t smem, kernel_facts & f) {
+    return facts_if<C, TYPES, FRT_GEMV_F32>(type, smem, f) || facts_if<C, TYPES, FRT_GEMV_Q4_K>(type, smem, f) ||
+           facts_if<C, TYPES, FRT_GEMV_Q6_K_R>(type, smem, f) || facts_if<C, TYPES, FRT_GEMV_Q8_0_R>(type, smem, f);
 }
 
 }  // namespace lab
