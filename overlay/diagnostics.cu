@@ -34,6 +34,11 @@ struct stats_at_exit {
         std::fprintf(stderr, "FlashRT stats: %llu graph evaluation(s), %llu compute nodes, %llu covered by windows (%.1f%%)\n",
                      (unsigned long long) stats.graphs.load(), (unsigned long long) nodes, (unsigned long long) covered,
                      nodes ? 100.0 * covered / nodes : 0.0);
+        const uint64_t begins = stats.begins.load();
+        std::fprintf(stderr, "FlashRT stats: %llu graph compute call(s), %llu preparing the windows; host time in the "
+                     "begin-graph hook %.1f us a call\n",
+                     (unsigned long long) begins, (unsigned long long) stats.prepares.load(),
+                     begins ? stats.begin_ns.load() / 1e3 / begins : 0.0);
         int n_windows = 0;
         const flashrt_window * windows = flashrt_windows(&n_windows);
         for (int w = 0; w < n_windows && w < FLASHRT_MAX_WINDOWS; ++w) {

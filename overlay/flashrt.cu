@@ -4,6 +4,7 @@
 #include "repack.cuh"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -177,6 +178,7 @@ static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph *
     if (!flashrt_repack_cache_enabled() || already_prepared(ctx, cgraph)) {
         return;
     }
+    flashrt_global_stats().prepares++;
     const int cc = ggml_cuda_info().devices[ctx.device].cc;
     for (const flashrt_window_state & ws : runtime().windows) {
         if (!ws.enabled || ws.window->prepare == nullptr || cc < ws.window->min_cc) {
@@ -195,8 +197,13 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
     if (runtime().disabled) {
         return;
     }
+    const auto start = std::chrono::steady_clock::now();
     flashrt_dump_graph(cgraph, dump_labels);
     prepare_windows(ctx, cgraph);
+    flashrt_stats & stats = flashrt_global_stats();
+    stats.begins++;
+    stats.begin_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start).count();
 }
 
 void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {

@@ -13,7 +13,7 @@
 # Prints step 3's table at 1 token, then the lab's tables (all rows: $OUT/gemv-bench.md, gemv-lab.md).
 #
 # Usage (device, repository root): bench/device/gemv.sh [gemv-bench options for step 3, e.g. --tokens 1,2]
-#   GEMV_SWEEP=0 skips step 3, GEMV_LAB=0 step 4; GEMV_LAB_ARGS adds options to step 4 (e.g.
+#   GEMV_SWEEP=0 skips step 3, GEMV_LAB=0 step 4 (both: gemv-bench is not compiled); GEMV_LAB_ARGS adds options to step 4 (e.g.
 #   "--variants C,pre-l2 --shapes attn_qkv").
 # Needs nvcc only: no .xtask/device bundle, no network. Writes to $OUT (default /tmp/gemv):
 # summary.txt, ptxas.txt, tests.txt, gemv-bench.jsonl (join with gemv-stock's lines:
@@ -32,9 +32,14 @@ say "nvcc: $(nvcc --version | tail -1)"
 
 echo "== 1. compile vendor/csrc and gemv-bench for sm_$arch"
 start=$(date +%s)
-nvcc -std=c++17 -O3 -arch=sm_$arch -I vendor/csrc -I bench/tools -Xptxas -v -c bench/tools/gemv-bench.cu \
-    -o "$build/gemv-bench.o" > "$build/gemv-bench.ptxas" 2>&1 &
-bench_pid=$!
+# Steps 3 and 4 both off (GEMV_SWEEP=0 GEMV_LAB=0): the tests alone, without gemv-bench's compile.
+with_bench=1
+[ "${GEMV_SWEEP:-1}" = 0 ] && [ "${GEMV_LAB:-1}" = 0 ] && with_bench=0
+if [ $with_bench = 1 ]; then
+    nvcc -std=c++17 -O3 -arch=sm_$arch -I vendor/csrc -I bench/tools -Xptxas -v -c bench/tools/gemv-bench.cu \
+        -o "$build/gemv-bench.o" > "$build/gemv-bench.ptxas" 2>&1 &
+    bench_pid=$!
+fi
 pids=()
 for src in vendor/csrc/*.cu; do
     name=$(basename "$src" .cu)
@@ -74,6 +79,7 @@ for test in vendor/csrc/tests/test-*.cu; do
     [ $rc -eq 0 ] || tests_failed=1
 done
 
+[ $with_bench = 1 ] || exit $tests_failed
 bench_compiled=0
 wait "$bench_pid" || bench_compiled=1
 cat "$build/gemv-bench.ptxas" > "$out/ptxas-gemv-bench.txt"

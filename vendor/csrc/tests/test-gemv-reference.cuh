@@ -270,49 +270,82 @@ inline double norm_error(int k) {
     return 2.0 * ((k / 1024.0 + 19.0) / 2.0 + 4.0 + 2.0) * kUnit;
 }
 
-// An input vector as the kernel rounds it to int8: per 32 values d = max|x| / 127 and
-// q = rint(x * (127 / max|x|)), both in float as the kernel computes them; xhat = d q. Without the
-// norm the kernel's float x is x itself, so this is exact. With the norm the kernel's x differs
-// from the float64 normed x by at most norm_error(k) relatively, so rounding to the nearest
-// integer may go the other way where x * 127 / max|x| is within `band` of a half-integer: those
-// values are marked (flip).
+// v rounded to the nearest half (ties to even), as a float scale is stored in a half: normal halves
+// keep 11 significant bits, subnormal ones are multiples of 2^-24. |v| stays below 65504 here.
+inline double to_half(double v) {
+    if (v == 0.0) {
+        return 0.0;
+    }
+    int exponent;
+    std::frexp(v, &exponent);  // |v| in [2^(exponent-1), 2^exponent)
+    const int    e       = std::max(exponent - 1, -14);
+    const double spacing = std::ldexp(1.0, e - 10);
+    return std::nearbyint(v / spacing) * spacing;
+}
+
+// An input vector as the kernel rounds it to int8: per 32 values q = rint(x * (127 / max|x|)) in
+// float, and the scale d = max|x| / 127 in float, then rounded to half (the kernel stores it as
+// stock's q8_1 blocks do); xhat = d q. Without the norm the kernel's float x is x itself, so this
+// is exact. With the norm the kernel's x differs from the float64 normed x by at most
+// norm_error(k) relatively, so rounding to the nearest integer may go the other way where
+// x * 127 / max|x| is within `band` of a half-integer (those values are marked: flip), and the
+// half scale may be the neighbour of the reference's where the scale is that close to a rounding
+// boundary of halves (d_rel: the relative step to that neighbour, else 0).
 struct rounded {
-    std::vector<double> xhat;  // the rounded values
-    std::vector<double> d;     // per 32-block
-    std::vector<char>   flip;  // may differ by one step d from the kernel's (norm only)
+    std::vector<double> xhat;   // the rounded values
+    std::vector<double> d;      // per 32-block: the half scale of xhat
+    std::vector<double> d_raw;  // per 32-block: the scale before its rounding to half
+    std::vector<double> d_rel;  // per 32-block: how far the kernel's half scale may be, relatively
+    std::vector<char>   flip;   // may differ by one step d from the kernel's (norm only)
 };
 
+inline rounded make_rounded(int k) {
+    return { std::vector<double>(k), std::vector<double>(k / 32), std::vector<double>(k / 32),
+             std::vector<double>(k / 32, 0.0), std::vector<char>(k, 0) };
+}
+
 inline rounded round_like_kernel(const float * x, int k) {
-    rounded r{ std::vector<double>(k), std::vector<double>(k / 32), std::vector<char>(k, 0) };
+    rounded r = make_rounded(k);
     for (int b = 0; b < k / 32; ++b) {
         float amax = 0.0f;
         for (int i = 32 * b; i < 32 * b + 32; ++i) {
             amax = std::max(amax, std::fabs(x[i]));
         }
-        const float d   = amax / 127.0f;
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        r.d[b]          = d;
+        const float  d   = amax / 127.0f;
+        const float  inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const double dh  = to_half(d);
+        r.d[b]           = dh;
+        r.d_raw[b]       = d;
         for (int i = 32 * b; i < 32 * b + 32; ++i) {
             const float v = x[i] * inv;
-            r.xhat[i]     = (double) d * std::nearbyint(v);
+            r.xhat[i]     = dh * std::nearbyint(v);
         }
     }
     return r;
 }
 
 inline rounded round_normed(const std::vector<double> & x, int k, double delta) {
-    rounded      r{ std::vector<double>(k), std::vector<double>(k / 32), std::vector<char>(k, 0) };
+    rounded      r    = make_rounded(k);
     const double band = 127.0 * (2.0 * delta + 4.0 * kUnit);
+    // The kernel's float scale differs from d by at most this, relatively (its amax by delta, the
+    // division by one rounding), doubled for margin.
+    const double scale_err = 2.0 * (delta + 2.0 * kUnit);
     for (int b = 0; b < k / 32; ++b) {
         double amax = 0.0;
         for (int i = 32 * b; i < 32 * b + 32; ++i) {
             amax = std::max(amax, std::fabs(x[i]));
         }
-        const double d = amax / 127.0;
-        r.d[b]         = d;
+        const double d  = amax / 127.0;
+        const double dh = to_half(d);
+        r.d[b]          = dh;
+        r.d_raw[b]      = d;
+        if (dh > 0.0) {
+            const double lo = to_half(d * (1.0 - scale_err)), hi = to_half(d * (1.0 + scale_err));
+            r.d_rel[b]      = std::max(std::fabs(lo - dh), std::fabs(hi - dh)) / dh;
+        }
         for (int i = 32 * b; i < 32 * b + 32; ++i) {
             const double v = amax > 0.0 ? x[i] / d : 0.0;
-            r.xhat[i]      = d * std::nearbyint(v);
+            r.xhat[i]      = dh * std::nearbyint(v);
             r.flip[i]      = std::fabs(std::fabs(v - std::floor(v)) - 0.5) <= band;
         }
     }
@@ -336,11 +369,12 @@ struct output {
 // the 5-level lane tree, 8 split slices and 5 scan levels with the carry of the staged path: at
 // most k / 32 + 32 roundings on any term's path, each of relative size 2^-24, of terms bounded by
 // a |xhat| (the standard gamma_n bound, with 1% for n u > 0). Rounding x to int8 moves each value
-// by at most d/2 of its block (tol_exact). With the norm the kernel's x differs by delta
-// relatively, its scales d by 2 delta + 3 units, and flipped values by one step d.
+// by at most d_raw/2 of its block, and the scale's rounding to half by |q| |d - d_raw| (tol_exact).
+// With the norm the kernel's x differs by delta relatively, its scales d by 2 delta + 3 units (and
+// by d_rel where the half scale may be the neighbour), and flipped values by one step d.
 inline output reference(frt_gemv_type t, int k, const double * w, const double * a, const std::vector<double> & x,
                         const rounded * r, double delta) {
-    double sharp = 0.0, exact = 0.0, abs_sharp = 0.0, abs_exact = 0.0, quant = 0.0, flips = 0.0;
+    double sharp = 0.0, exact = 0.0, abs_sharp = 0.0, abs_exact = 0.0, quant = 0.0, flips = 0.0, scaled = 0.0;
     for (int i = 0; i < k; ++i) {
         const double xs = r ? r->xhat[i] : x[i];
         sharp += w[i] * xs;
@@ -348,8 +382,12 @@ inline output reference(frt_gemv_type t, int k, const double * w, const double *
         abs_sharp += a[i] * std::fabs(xs);
         abs_exact += a[i] * std::fabs(x[i]);
         if (r) {
-            quant += a[i] * r->d[i / 32] / 2.0;
-            flips += r->flip[i] ? a[i] * r->d[i / 32] : 0.0;
+            const int    b    = i / 32;
+            const double step = r->d[b] * (1.0 + r->d_rel[b]);
+            // x to d_raw q: half a step; d_raw q to d q: the scale's rounding to half, |q| times.
+            quant += a[i] * (r->d_raw[b] / 2.0 + std::fabs(r->d[b] - r->d_raw[b]) * std::fabs(xs) / r->d[b]);
+            flips += r->flip[i] ? a[i] * step : 0.0;
+            scaled += a[i] * std::fabs(xs) * r->d_rel[b];
         }
     }
     const double fp = (k / 32.0 + 32.0) * kUnit * 1.01 * std::max(abs_sharp, abs_exact);
@@ -357,7 +395,8 @@ inline output reference(frt_gemv_type t, int k, const double * w, const double *
     output       o;
     o.sharp     = sharp;
     o.exact     = exact;
-    o.tol_sharp = fp + (quantized(t) ? (delta > 0.0 ? dd * abs_sharp + (1.0 + dd) * flips : 0.0) : delta * abs_exact);
+    o.tol_sharp = fp + (quantized(t) ? (delta > 0.0 ? dd * abs_sharp + scaled + (1.0 + dd) * flips : 0.0)
+                                     : delta * abs_exact);
     o.tol_exact = fp + (quantized(t) ? (1.0 + dd) * quant : 0.0) + delta * abs_exact;
     return o;
 }

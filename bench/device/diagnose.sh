@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Where the GEMV windows lose decode speed and quality, in one device call.
+#   diagnose.sh windows   llama-bench tg64 on the synthetic qwen36 GGUF under six settings (stock,
+#                         the overlay's default, every window off (the hooks alone), the GEMV
+#                         windows forced on, and stock / GEMV windows with PDL off), then cargo xtask
+#                         parity on the 4-layer model with each GEMV window alone
+#   diagnose.sh verify    test-gemv, meanwhile the build; parity with the GEMV windows on (4-layer,
+#                         then 40-layer), tg64 stock vs the GEMV windows with FRT_STATS (node-loop
+#                         passes and host time in the begin-graph hook)
+# Usage (device, repository root): bench/device/diagnose.sh windows|verify. Needs .xtask/device/
+# carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
+set -euo pipefail
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+mode=${1:?usage: diagnose.sh windows|verify}
+. bench/device/lib.sh
+device_setup "diagnose-$mode"
+start=$(date +%s)
+deadline=${DEADLINE:-330}
+model=/tmp/models/qwen36.gguf small=/tmp/models/qwen36-l4-e8.gguf
+bin=.xtask/build/llama.cpp-flashrt-sm90a/bin
+late() { [ $(( $(date +%s) - start )) -gt "$deadline" ] && say "skipped (past ${deadline} s): $*"; }
+
+mkdir -p /tmp/models
+[ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1 &
+synth=$!
+[ -f "$small" ] || "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" >> "$out/synth.log" 2>&1
+if [ "$mode" = verify ]; then
+    GEMV_SWEEP=0 GEMV_LAB=0 OUT=$out/gemv bash bench/device/gemv.sh > "$out/gemv.log" 2>&1 &
+    tests=$!
+fi
+"$xtask" build --arch 90a --targets llama-bench,llama > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+wait $synth
+say "build + models: $(( $(date +%s) - start )) s"
+if [ "$mode" = verify ]; then
+    if wait $tests; then r=ok; else r=FAILED; fi
+    say "vendor tests: $r"; grep -E "^test-" "$out/gemv/summary.txt" | tee -a "$out/summary.txt" || true
+fi
+
+gemv_windows=(INPROJ ATTNQKV HEAD SHEXP_FOLD MATVEC)
+all_windows=(GDN_GATED_NORM SHEXP_GATE "${gemv_windows[@]}")
+swaps() { for w in "$@"; do printf 'FRT_%s_SWAP=1 ' "$w"; done; }
+offs() { for w in "$@"; do printf 'GGML_FLASHRT_NO_%s=1 ' "$w"; done; }
+# tg64, 3 repetitions: name, then the environment.
+tg() {
+    local name=$1; shift
+    late "tg $name" && return 0
+    local ts
+    ts=$(env "$@" "$bin/llama-bench" -m "$model" -ngl 99 -fa 1 -p 0 -n 64 -r 3 -o jsonl 2> "$out/tg-$name.err" \
+        | python3 -c 'import json,sys; r=[json.loads(l) for l in sys.stdin if l.strip()]; print("%.1f" % r[-1]["avg_ts"])' \
+        || echo failed)
+    say "| $name | $ts |"
+}
+# cargo xtask parity: name, model, then the environment.
+parity() {
+    local name=$1 m=$2; shift 2
+    late "parity $name" && return 0
+    if env "$@" "$xtask" parity --model "$m" --arch 90a > "$out/parity-$name.log" 2>&1; then v=pass; else v=FAIL; fi
+    row=$(grep '^| overlay vs stock' "$out/parity-$name.log" | awk -F'|' '{print $5 "|" $7}')
+    ref=$(grep '^| fusion off vs stock' "$out/parity-$name.log" | awk -F'|' '{print $5}')
+    say "| $name | ${row%%|*} | $ref | ${row#*|} | $v |"
+}
+parity_header() {
+    say "| parity | mean NMSE overlay vs stock | fusion off vs stock | top-1 overlay | verdict |"
+    say "|---|---:|---:|---:|---|"
+}
+
+# shellcheck disable=SC2046  # one word per switch
+case $mode in
+windows)
+    say "| setting | tg64 tok/s |"
+    say "|---|---:|"
+    tg stock GGML_CUDA_FLASHRT_DISABLE=1
+    tg default GGML_CUDA_FLASHRT_DISABLE=0
+    tg windows-off $(offs "${all_windows[@]}")
+    tg gemv-on $(swaps "${gemv_windows[@]}")
+    tg stock-pdl0 GGML_CUDA_FLASHRT_DISABLE=1 GGML_CUDA_PDL=0
+    tg gemv-on-pdl0 GGML_CUDA_PDL=0 $(swaps "${gemv_windows[@]}")
+    parity_header
+    for w in "${gemv_windows[@]}"; do
+        parity "$w alone, 4 layers" "$small" $(swaps "$w")
+    done
+    ;;
+verify)
+    parity_header
+    parity "GEMV windows, 4 layers" "$small" $(swaps "${gemv_windows[@]}")
+    say "| setting | tg64 tok/s |"
+    say "|---|---:|"
+    tg stock GGML_CUDA_FLASHRT_DISABLE=1
+    tg gemv-on FRT_STATS=1 $(swaps "${gemv_windows[@]}")
+    grep -h "FlashRT stats: [0-9]" "$out/tg-gemv-on.err" | tee -a "$out/summary.txt" || true
+    parity_header
+    parity "GEMV windows, 40 layers" "$model" $(swaps "${gemv_windows[@]}")
+    ;;
+*)
+    echo "usage: diagnose.sh windows|verify"; exit 2 ;;
+esac
+tar -czf /tmp/diagnose.tgz -C "$out" . && find "$out" -mindepth 1 ! -name summary.txt -delete && mv /tmp/diagnose.tgz "$out/"
+echo; cat "$out/summary.txt"
