@@ -36,7 +36,7 @@ struct stats_at_exit {
                      nodes ? 100.0 * covered / nodes : 0.0);
         const uint64_t begins = stats.begins.load();
         std::fprintf(stderr, "FlashRT stats: %llu graph compute call(s), %llu preparing the windows; host time in the "
-                     "begin-graph hook %.1f us a call\n",
+                     "begin-graph hook %.1f us a call (replays take none)\n",
                      (unsigned long long) begins, (unsigned long long) stats.prepares.load(),
                      begins ? stats.begin_ns.load() / 1e3 / begins : 0.0);
         int n_windows = 0;

@@ -193,15 +193,18 @@ static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph *
     }
 }
 
-void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph) {
+void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop) {
     if (runtime().disabled) {
+        return;
+    }
+    flashrt_stats & stats = flashrt_global_stats();
+    stats.begins++;
+    if (!node_loop) {
         return;
     }
     const auto start = std::chrono::steady_clock::now();
     flashrt_dump_graph(cgraph, dump_labels);
     prepare_windows(ctx, cgraph);
-    flashrt_stats & stats = flashrt_global_stats();
-    stats.begins++;
     stats.begin_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::steady_clock::now() - start).count();
 }
