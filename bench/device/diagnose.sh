@@ -94,5 +94,7 @@ verify)
 *)
     echo "usage: diagnose.sh windows|verify"; exit 2 ;;
 esac
-tar -czf /tmp/diagnose.tgz -C "$out" . && find "$out" -mindepth 1 ! -name summary.txt -delete && mv /tmp/diagnose.tgz "$out/"
+# Few files come back from the device: everything in one archive, beside the summary.
+tar -czf /tmp/diagnose.tgz -C "$out" . && cp "$out/summary.txt" /tmp/diagnose-summary.txt \
+    && find "$out" -mindepth 1 -delete && mv /tmp/diagnose.tgz "$out/" && mv /tmp/diagnose-summary.txt "$out/summary.txt"
 echo; cat "$out/summary.txt"

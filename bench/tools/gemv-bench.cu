@@ -166,7 +166,7 @@ void check_launch(const shape_spec & s, const frt_gemv_args & args, const std::v
     for (int v = 0; v < n_vec; ++v) {
         const float * xv = x.data() + v * x_stride;
         xs[v]            = s.norm ? gemv_ref::rms_normed(xv, norm.data(), k, args.eps) : std::vector<double>(xv, xv + k);
-        rs.push_back(s.norm ? gemv_ref::round_normed(xs[v], k, delta) : gemv_ref::round_like_kernel(xv, k));
+        rs.push_back(s.norm ? gemv_ref::round_like_kernel(xs[v], k, delta) : gemv_ref::round_like_kernel(xv, k));
     }
     std::vector<double> w(k), a(k);
     for (size_t si = 0; si < s.segs.size(); ++si) {

@@ -990,15 +990,17 @@ static __device__ void gemv_prologue_x(const gemv_x_in & p, int8_t * xq, uint2 *
                 for (int offset = 1; offset < 8; offset <<= 1) {
                     amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, offset));
                 }
-                // Correctly rounded also under -use_fast_math (ggml-cuda's flags, which the overlay
-                // inherits): the rounding of x is the same in every build, the one the test checks.
-                // The scale is rounded to half as stock's block_q8_1 stores it: a float scale is
-                // closer to x, but differs from stock by up to 2^-11 a block, and decode amplifies
-                // that into logits that no longer track stock's (cargo xtask parity).
-                const float d   = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
-                const float inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-                const int   q0 = __float2int_rn(xv.x * inv), q1 = __float2int_rn(xv.y * inv);
-                const int   q2 = __float2int_rn(xv.z * inv), q3 = __float2int_rn(xv.w * inv);
+                // Stock's quantize_q8_1, expression for expression (in the overlay build under the
+                // same -use_fast_math as ggml-cuda, so the same instructions), and its scale rounded
+                // to half as block_q8_1 stores it. Any other rounding of x, even a more exact one,
+                // moves every matvec off stock's by up to 2^-11 a block, and decode amplifies that
+                // into logits that no longer track stock's (cargo xtask parity).
+                const float d_raw = amax / 127.0f;
+                const float d     = __half2float(__float2half_rn(d_raw));
+                const int   q0    = amax == 0.0f ? 0 : (int) roundf(xv.x / d_raw);
+                const int   q1    = amax == 0.0f ? 0 : (int) roundf(xv.y / d_raw);
+                const int   q2    = amax == 0.0f ? 0 : (int) roundf(xv.z / d_raw);
+                const int   q3    = amax == 0.0f ? 0 : (int) roundf(xv.w / d_raw);
                 ((int *) xq)[i] = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (q3 & 0xff) << 24;
                 int sum = q0 + q1 + q2 + q3;
                 sum += __shfl_xor_sync(kFull, sum, 1);

@@ -283,73 +283,55 @@ inline double to_half(double v) {
     return std::nearbyint(v / spacing) * spacing;
 }
 
-// An input vector as the kernel rounds it to int8: per 32 values q = rint(x * (127 / max|x|)) in
-// float, and the scale d = max|x| / 127 in float, then rounded to half (the kernel stores it as
-// stock's q8_1 blocks do); xhat = d q. Without the norm the kernel's float x is x itself, so this
-// is exact. With the norm the kernel's x differs from the float64 normed x by at most
-// norm_error(k) relatively, so rounding to the nearest integer may go the other way where
-// x * 127 / max|x| is within `band` of a half-integer (those values are marked: flip), and the
-// half scale may be the neighbour of the reference's where the scale is that close to a rounding
-// boundary of halves (d_rel: the relative step to that neighbour, else 0).
+// An input vector as the kernel rounds it to int8, which is how stock's quantize_q8_1 does: per
+// 32 values d = max|x| / 127 in float, q = round(x / d) (halves away from zero), and d stored as a
+// half; xhat = half(d) q. The kernel's divisions are correctly rounded in a plain build and within
+// 2 ulp under -use_fast_math (the overlay's flags), so x / d may land on the other side of a
+// half-integer where it is within `band` of one (those values are marked: flip), and the half
+// scale may be the neighbour of the reference's where d is that close to a rounding boundary of
+// halves (d_rel: the relative step to that neighbour, else 0). With the norm the kernel's x also
+// differs from the float64 normed x by at most norm_error(k) relatively, which widens both.
 struct rounded {
     std::vector<double> xhat;   // the rounded values
     std::vector<double> d;      // per 32-block: the half scale of xhat
     std::vector<double> d_raw;  // per 32-block: the scale before its rounding to half
     std::vector<double> d_rel;  // per 32-block: how far the kernel's half scale may be, relatively
-    std::vector<char>   flip;   // may differ by one step d from the kernel's (norm only)
+    std::vector<char>   flip;   // may differ by one step d from the kernel's
 };
 
-inline rounded make_rounded(int k) {
-    return { std::vector<double>(k), std::vector<double>(k / 32), std::vector<double>(k / 32),
-             std::vector<double>(k / 32, 0.0), std::vector<char>(k, 0) };
-}
-
-inline rounded round_like_kernel(const float * x, int k) {
-    rounded r = make_rounded(k);
-    for (int b = 0; b < k / 32; ++b) {
-        float amax = 0.0f;
-        for (int i = 32 * b; i < 32 * b + 32; ++i) {
-            amax = std::max(amax, std::fabs(x[i]));
-        }
-        const float  d   = amax / 127.0f;
-        const float  inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        const double dh  = to_half(d);
-        r.d[b]           = dh;
-        r.d_raw[b]       = d;
-        for (int i = 32 * b; i < 32 * b + 32; ++i) {
-            const float v = x[i] * inv;
-            r.xhat[i]     = dh * std::nearbyint(v);
-        }
-    }
-    return r;
-}
-
-inline rounded round_normed(const std::vector<double> & x, int k, double delta) {
-    rounded      r    = make_rounded(k);
-    const double band = 127.0 * (2.0 * delta + 4.0 * kUnit);
-    // The kernel's float scale differs from d by at most this, relatively (its amax by delta, the
-    // division by one rounding), doubled for margin.
-    const double scale_err = 2.0 * (delta + 2.0 * kUnit);
+// Rounds x (k values, in double) as described above; delta: the kernel's relative error in x.
+inline rounded round_like_kernel(const std::vector<double> & x, int k, double delta) {
+    rounded r{ std::vector<double>(k), std::vector<double>(k / 32), std::vector<double>(k / 32),
+               std::vector<double>(k / 32, 0.0), std::vector<char>(k, 0) };
+    // x / d: the division's 2 ulp, d's own 2 ulp, delta in x and in d; doubled for margin.
+    const double rel  = 2.0 * (2.0 * delta + 8.0 * kUnit);
+    const double band = 127.0 * rel;
     for (int b = 0; b < k / 32; ++b) {
         double amax = 0.0;
         for (int i = 32 * b; i < 32 * b + 32; ++i) {
             amax = std::max(amax, std::fabs(x[i]));
         }
-        const double d  = amax / 127.0;
+        // Without the norm x and amax are floats and these two are the correctly rounded results.
+        const double d  = delta > 0.0 ? amax / 127.0 : (double) ((float) amax / 127.0f);
         const double dh = to_half(d);
         r.d[b]          = dh;
         r.d_raw[b]      = d;
         if (dh > 0.0) {
-            const double lo = to_half(d * (1.0 - scale_err)), hi = to_half(d * (1.0 + scale_err));
+            const double lo = to_half(d * (1.0 - rel)), hi = to_half(d * (1.0 + rel));
             r.d_rel[b]      = std::max(std::fabs(lo - dh), std::fabs(hi - dh)) / dh;
         }
         for (int i = 32 * b; i < 32 * b + 32; ++i) {
-            const double v = amax > 0.0 ? x[i] / d : 0.0;
-            r.xhat[i]      = dh * std::nearbyint(v);
-            r.flip[i]      = std::fabs(std::fabs(v - std::floor(v)) - 0.5) <= band;
+            const double v = amax > 0.0 ? (delta > 0.0 ? x[i] / d : (double) ((float) x[i] / (float) d)) : 0.0;
+            const double a = std::fabs(v);
+            r.xhat[i]      = dh * std::copysign(std::floor(a + 0.5), v);
+            r.flip[i]      = std::fabs(a - std::floor(a) - 0.5) <= band;
         }
     }
     return r;
+}
+
+inline rounded round_like_kernel(const float * x, int k) {
+    return round_like_kernel(std::vector<double>(x, x + k), k, 0.0);
 }
 
 // One output: the reference values and their error bounds.
@@ -370,8 +352,8 @@ struct output {
 // most k / 32 + 32 roundings on any term's path, each of relative size 2^-24, of terms bounded by
 // a |xhat| (the standard gamma_n bound, with 1% for n u > 0). Rounding x to int8 moves each value
 // by at most d_raw/2 of its block, and the scale's rounding to half by |q| |d - d_raw| (tol_exact).
-// With the norm the kernel's x differs by delta relatively, its scales d by 2 delta + 3 units (and
-// by d_rel where the half scale may be the neighbour), and flipped values by one step d.
+// The kernel's half scale may be the neighbour (d_rel) and flipped values differ by one step d;
+// with the norm the kernel's x differs by delta relatively and its scales d by 2 delta + 3 units.
 inline output reference(frt_gemv_type t, int k, const double * w, const double * a, const std::vector<double> & x,
                         const rounded * r, double delta) {
     double sharp = 0.0, exact = 0.0, abs_sharp = 0.0, abs_exact = 0.0, quant = 0.0, flips = 0.0, scaled = 0.0;
@@ -395,7 +377,7 @@ inline output reference(frt_gemv_type t, int k, const double * w, const double *
     output       o;
     o.sharp     = sharp;
     o.exact     = exact;
-    o.tol_sharp = fp + (quantized(t) ? (delta > 0.0 ? dd * abs_sharp + scaled + (1.0 + dd) * flips : 0.0)
+    o.tol_sharp = fp + (quantized(t) ? (delta > 0.0 ? dd * abs_sharp : 0.0) + scaled + (1.0 + dd) * flips
                                      : delta * abs_exact);
     o.tol_exact = fp + (quantized(t) ? (1.0 + dd) * quant : 0.0) + delta * abs_exact;
     return o;

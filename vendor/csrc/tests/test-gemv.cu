@@ -234,7 +234,7 @@ bool run_case(const test_case & tc, frt_gemv_kernel kernel, std::mt19937_64 & rn
         const float * xv = x.data() + v * x_stride;
         if (tc.norm) {
             xs[v] = gemv_ref::rms_normed(xv, norm.data(), k, eps);
-            rs.push_back(gemv_ref::round_normed(xs[v], k, delta));
+            rs.push_back(gemv_ref::round_like_kernel(xs[v], k, delta));
         } else {
             xs[v].assign(xv, xv + k);
             rs.push_back(gemv_ref::round_like_kernel(xv, k));
