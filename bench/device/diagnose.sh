@@ -2,8 +2,9 @@
 # Where the GEMV windows lose decode speed and quality, in one device call.
 #   diagnose.sh windows   llama-bench tg64 on the synthetic qwen36 GGUF under six settings (stock,
 #                         the overlay's default, every window off (the hooks alone), the GEMV
-#                         windows forced on, and stock / GEMV windows with PDL off), then cargo xtask
-#                         parity on the 4-layer model with each GEMV window alone
+#                         windows forced on, stock / GEMV windows with PDL off, each GEMV window
+#                         alone), then cargo xtask parity on the 4-layer model with each GEMV
+#                         window alone
 #   diagnose.sh verify    test-gemv, meanwhile the build; parity with the GEMV windows on (4-layer,
 #                         then 40-layer), tg64 stock vs the GEMV windows with FRT_STATS (node-loop
 #                         passes and host time in the begin-graph hook)
@@ -75,6 +76,9 @@ windows)
     tg gemv-on $(swaps "${gemv_windows[@]}")
     tg stock-pdl0 GGML_CUDA_FLASHRT_DISABLE=1 GGML_CUDA_PDL=0
     tg gemv-on-pdl0 GGML_CUDA_PDL=0 $(swaps "${gemv_windows[@]}")
+    for w in "${gemv_windows[@]}"; do
+        tg "$w-alone" $(swaps "$w")
+    done
     parity_header
     for w in "${gemv_windows[@]}"; do
         parity "$w alone, 4 layers" "$small" $(swaps "$w")
