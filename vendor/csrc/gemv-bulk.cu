@@ -140,51 +140,116 @@ static __device__ __forceinline__ bool bulk_next(const bulk_params & p, bulk_pos
     return true;
 }
 
-// ---- the producer: one thread issues every copy of its block ----
+// ---- the producer warp: its lane 0 issues every copy of the block; the warp finishes chunks ----
 
-// Chunk i goes to stage i % stages once the consumers have released the chunk before it there.
-// Expert chunks: the expert is read after the wait for the previous kernel (it writes the ids);
-// chunks with no valid expert copy nothing and are flagged (-1) for the consumers.
+static __device__ __forceinline__ void bulk_store(const bulk_seg & s, int inst, int row, float v, int lab) {
+    if (lab & 4) {
+        if (v == 1234.5f) {
+            s.out[0] = v;  // keeps the math
+        }
+        return;
+    }
+    if (s.epilogue == FRT_GEMV_ADD) {
+        v += s.residual[inst * s.residual_stride + row];
+    }
+    s.out[inst * s.out_stride + row] = v;  // dense: inst 0
+}
+
+// After the consumers released chunk c's stage: a chunk with no matrix (flag -1) becomes NaN rows,
+// visibly; a tensor-core chunk's rows are the sums of their blocks' partial sums, added in block
+// order (the same order whichever warps computed them). Item chunks were stored by the consumers.
+static __device__ void bulk_finish(const bulk_params & p, const bulk_chunk & c, int flag, const float * part,
+                                   int lane) {
+    const bulk_seg & s = p.seg[c.si];
+    if (flag < 0) {
+        for (int r = lane; r < c.nrows; r += 32) {
+            s.out[c.inst * s.out_stride + c.row0 + r] = __int_as_float(0x7fffffff);
+        }
+        return;
+    }
+    if (!s.mma || (p.lab & 1)) {
+        return;
+    }
+    const int nb = p.x.k / 256;
+    for (int r = lane; r < c.nrows; r += 32) {
+        float v = 0.0f;
+        for (int b = 0; b < nb; ++b) {
+            v += part[r * nb + b];
+        }
+        bulk_store(s, c.inst, c.row0 + r, v, p.lab);
+    }
+}
+
+// Chunk i goes to stage i % stages once the consumers have released the chunk before it there,
+// which the warp then finishes (bulk_finish); the last chunks are finished at the end. Expert
+// chunks: the expert is read after the wait for the previous kernel (it writes the ids); chunks
+// with no valid expert copy nothing and are flagged (-1) for the consumers.
 static __device__ void bulk_produce(const bulk_params & p, bulk_pos cur, const bulk_pos & end, uint8_t * stages,
-                                    uint64_t * full, uint64_t * empty, int32_t * flag) {
+                                    const uint8_t * parts, uint64_t * full, uint64_t * empty, int32_t * flag,
+                                    bulk_chunk * ring, int lane) {
     const uint64_t policy = bulk_evict_first_policy();
     bool           waited = false;
-    bulk_chunk     c;
-    for (int i = 0; bulk_next(p, cur, end, c); ++i) {
+    // Before the first read of ids or store of results: the previous kernel writes the one and
+    // may still read the other.
+    const auto wait_once = [&waited] {
+        if (!waited) {
+            frt_pdl_wait();
+            waited = true;
+        }
+    };
+    const auto finish = [&](int slot) {
+        wait_once();
+        bulk_finish(p, ring[slot], flag[slot], (const float *) (parts + slot * p.part_bytes), lane);
+        __syncwarp();  // every lane has read the slot's chunk and flag before lane 0 rewrites them
+    };
+    bulk_chunk c;
+    int        i = 0;
+    for (; bulk_next(p, cur, end, c); ++i) {
         const int slot = i % p.stages;
         if (i >= p.stages) {
             bulk_bar_wait(&empty[slot], (i / p.stages - 1) & 1);
+            finish(slot);
         }
         const bulk_seg & s = p.seg[c.si];
-        const uint8_t *  w = s.w;
         if (s.ids != nullptr) {
-            if (!waited) {
-                frt_pdl_wait();
-                waited = true;
+            wait_once();
+        }
+        if (lane == 0) {
+            ring[slot]     = c;
+            const uint8_t * w = s.w;
+            int             expert = 0;
+            if (s.ids != nullptr) {
+                expert = __ldg(s.ids + (c.inst / s.n_used) * s.ids_stride + c.inst % s.n_used);
+                w += (int64_t) expert * s.expert_stride;
             }
-            const int expert = __ldg(s.ids + (c.inst / s.n_used) * s.ids_stride + c.inst % s.n_used);
-            if (expert < 0 || expert >= s.n_experts) {
+            if (s.ids != nullptr && (expert < 0 || expert >= s.n_experts)) {
                 flag[slot] = -1;
                 bulk_bar_arrive(&full[slot]);
-                continue;
+            } else {
+                flag[slot]          = 0;
+                uint8_t *       dst = stages + slot * p.stage_bytes;
+                const uint8_t * src = w + (int64_t) c.row0 * s.row_stride;
+                if (s.pitch == s.row_stride) {
+                    const uint32_t bytes = (uint32_t) (c.nrows * s.row_stride);
+                    bulk_bar_arrive_expect(&full[slot], bytes);
+                    bulk_copy(dst, src, bytes, &full[slot], policy);
+                } else {
+                    // Row by row to its pitch (mma rows: a multiple of 16 bytes each).
+                    const int row_bytes = s.row_bytes;
+                    bulk_bar_arrive_expect(&full[slot], (uint32_t) (c.nrows * row_bytes));
+                    for (int r = 0; r < c.nrows; ++r) {
+                        bulk_copy(dst + r * s.pitch, src + r * s.row_stride, (uint32_t) row_bytes, &full[slot],
+                                  policy);
+                    }
+                }
             }
-            w += (int64_t) expert * s.expert_stride;
         }
-        flag[slot] = 0;
-        uint8_t * dst = stages + slot * p.stage_bytes;
-        const uint8_t * src = w + (int64_t) c.row0 * s.row_stride;
-        if (s.pitch == s.row_stride) {
-            const uint32_t bytes = (uint32_t) (c.nrows * s.row_stride);
-            bulk_bar_arrive_expect(&full[slot], bytes);
-            bulk_copy(dst, src, bytes, &full[slot], policy);
-        } else {
-            // Row by row to its pitch (mma rows: a multiple of 16 bytes each).
-            const int row_bytes = s.row_bytes;
-            bulk_bar_arrive_expect(&full[slot], (uint32_t) (c.nrows * row_bytes));
-            for (int r = 0; r < c.nrows; ++r) {
-                bulk_copy(dst + r * s.pitch, src + r * s.row_stride, (uint32_t) row_bytes, &full[slot], policy);
-            }
-        }
+        __syncwarp();
+    }
+    for (int j = i > p.stages ? i - p.stages : 0; j < i; ++j) {
+        const int slot = j % p.stages;
+        bulk_bar_wait(&empty[slot], (j / p.stages) & 1);
+        finish(slot);
     }
 }
 
@@ -199,19 +264,6 @@ static __device__ __forceinline__ gemv_x bulk_x_of(const bulk_params & p, const 
     x.m = (const uint2 *) (smem + p.smem_xm) + vec * (p.x.k / 32);
     x.f = (const float *) (smem + p.smem_xf) + vec * p.x.k;
     return x;
-}
-
-static __device__ __forceinline__ void bulk_store(const bulk_seg & s, int inst, int row, float v, int lab) {
-    if (lab & 4) {
-        if (v == 1234.5f) {
-            s.out[0] = v;  // keeps the math
-        }
-        return;
-    }
-    if (s.epilogue == FRT_GEMV_ADD) {
-        v += s.residual[inst * s.residual_stride + row];
-    }
-    s.out[inst * s.out_stride + row] = v;  // dense: inst 0
 }
 
 // This warp's rows of a chunk of the launch's item type: row groups warp, warp + kBulkWarps, ...
@@ -301,39 +353,17 @@ static __device__ __forceinline__ float bulk_q4k_pair(uint4 head, int c, int de,
                                     dmin * (float) ((m2 >> 8) & 0xff) * (float) so);
 }
 
-// After the tasks of a chunk: once every consumer warp has left its partial sums, each row's
-// blocks are added in order and stored; the second barrier frees the sums for the next chunk.
-static __device__ void bulk_mma_finish(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                       const uint8_t * smem, int nb, int warp, int lane) {
-    const float * part = (const float *) (smem + p.smem_part);
-#if defined(__CUDA_ARCH__)
-    asm volatile("bar.sync 2, %0;" ::"r"(32 * kBulkWarps) : "memory");
-#endif
-    for (int r = warp * 32 + lane; r < c.nrows; r += 32 * kBulkWarps) {
-        float v = 0.0f;
-        for (int b = 0; b < nb; ++b) {
-            v += part[r * nb + b];
-        }
-        bulk_store(s, c.inst, c.row0 + r, v, p.lab);
-    }
-#if defined(__CUDA_ARCH__)
-    asm volatile("bar.sync 2, %0;" ::"r"(32 * kBulkWarps) : "memory");
-#endif
-}
-
-// The rows of a chunk of a quantized type on the tensor cores (rows at s.pitch in the stage):
-// tasks of (16-row tile, 256-column block) go round the consumer warps; TASK::run multiplies rows
-// g and g + 8 of the tile (g = lane / 4) by the block with mma, x as column 0 of B (the other 7
-// columns zero), and lanes 4g leave the two rows' sums, which go to part[row][block]; after a
-// barrier of the consumer warps the blocks of each row are added in order and stored, and a second
-// barrier frees part for the next chunk.
+// The tasks of a chunk of a quantized type on the tensor cores (rows at s.pitch in the stage): tasks
+// of (16-row tile, 256-column block), this warp's being first, first + kBulkWarps, ... TASK::run
+// multiplies rows g and g + 8 of the tile (g = lane / 4) by the block with mma, x as column 0 of B
+// (the other 7 columns zero), and lanes 4g leave the two rows' sums in part[row][block] (the
+// producer adds each row's blocks in order once every warp has released the stage).
 template <class TASK>
 static __device__ void bulk_mma_rows(const bulk_params & p, const bulk_seg & s, const bulk_chunk & c,
-                                     const uint8_t * buf, const uint8_t * smem, int warp, int lane) {
+                                     const uint8_t * buf, const uint8_t * smem, float * part, int first, int lane) {
     const int    nb = p.x.k / 256, tiles = (c.nrows + 15) / 16, g = lane >> 2;
-    const gemv_x x    = bulk_x_of(p, s, c.inst, smem);
-    float *      part = (float *) (smem + p.smem_part);
-    for (int task = warp; task < tiles * nb; task += kBulkWarps) {
+    const gemv_x x  = bulk_x_of(p, s, c.inst, smem);
+    for (int task = first; task < tiles * nb; task += kBulkWarps) {
         const int  tile = task / nb, blk = task % nb;
         const int  r_lo = 16 * tile + g, r_hi = r_lo + 8;
         const bool ok_lo = r_lo < c.nrows, ok_hi = r_hi < c.nrows;
@@ -345,7 +375,11 @@ static __device__ void bulk_mma_rows(const bulk_params & p, const bulk_seg & s, 
             part[r_hi * nb + blk] = sum_hi;
         }
     }
-    bulk_mma_finish(p, s, c, smem, nb, warp, lane);
+}
+
+// Tensor-core tasks of a chunk (bulk_mma_rows), 0 for item rows.
+static __device__ __forceinline__ int bulk_tasks(const bulk_params & p, const bulk_chunk & c) {
+    return p.seg[c.si].mma ? (c.nrows + 15) / 16 * (p.x.k / 256) : 0;
 }
 
 // A Q4_K or Q5_K block: 8 mma, one a sub-block. Sub-blocks 2c and 2c + 1 are the low and high
@@ -520,22 +554,24 @@ template <bool REPACKED> struct bulk_q8_task {
     }
 };
 
+// This warp's share of a chunk: tensor-core tasks from `first` (bulk_mma_rows), or row groups of
+// the item type (bulk_item_rows).
 template <int DIRECT>
 static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, const uint8_t * buf,
-                                 const uint8_t * smem, int warp, int lane) {
+                                 const uint8_t * smem, float * part, int first, int warp, int lane) {
     // A copy in registers: the hot loops read its fields, and a dynamically indexed kernel
     // parameter is a slow load each time.
     const bulk_seg s = p.seg[c.si];
     // Q4_K/Q5_K and the float types are only ever the launch's item type (DIRECT); Q6_K and Q8_0,
     // GGUF or repacked, may join any launch.
     switch (s.type) {
-        case FRT_GEMV_Q6_K:   bulk_mma_rows<bulk_q6k_task<false>>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q6_K_R: bulk_mma_rows<bulk_q6k_task<true>>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q8_0:   bulk_mma_rows<bulk_q8_task<false>>(p, s, c, buf, smem, warp, lane); break;
-        case FRT_GEMV_Q8_0_R: bulk_mma_rows<bulk_q8_task<true>>(p, s, c, buf, smem, warp, lane); break;
+        case FRT_GEMV_Q6_K:   bulk_mma_rows<bulk_q6k_task<false>>(p, s, c, buf, smem, part, first, lane); break;
+        case FRT_GEMV_Q6_K_R: bulk_mma_rows<bulk_q6k_task<true>>(p, s, c, buf, smem, part, first, lane); break;
+        case FRT_GEMV_Q8_0:   bulk_mma_rows<bulk_q8_task<false>>(p, s, c, buf, smem, part, first, lane); break;
+        case FRT_GEMV_Q8_0_R: bulk_mma_rows<bulk_q8_task<true>>(p, s, c, buf, smem, part, first, lane); break;
         default:
             if constexpr (DIRECT == FRT_GEMV_Q4_K || DIRECT == FRT_GEMV_Q5_K) {
-                bulk_mma_rows<bulk_k_task<DIRECT>>(p, s, c, buf, smem, warp, lane);
+                bulk_mma_rows<bulk_k_task<DIRECT>>(p, s, c, buf, smem, part, first, lane);
             } else if constexpr (DIRECT == FRT_GEMV_F32 || DIRECT == FRT_GEMV_F16 || DIRECT == FRT_GEMV_BF16) {
                 bulk_item_rows<DIRECT>(p, s, c, buf, smem, warp, lane);
             }
@@ -551,12 +587,14 @@ static __device__ void bulk_rows(const bulk_params & p, const bulk_chunk & c, co
 template <int DIRECT>
 __launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(const __grid_constant__ bulk_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ uint64_t full[kBulkMaxStages], empty[kBulkMaxStages];
-    __shared__ int32_t  flag[kBulkMaxStages];
+    __shared__ uint64_t   full[kBulkMaxStages], empty[kBulkMaxStages];
+    __shared__ int32_t    flag[kBulkMaxStages];
+    __shared__ bulk_chunk ring[kBulkMaxStages];  // the chunk in each stage (producer warp)
     const int      warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const bulk_pos begin = bulk_first_at(p, p.total_bytes * blockIdx.x / gridDim.x);
     const bulk_pos end   = bulk_first_at(p, p.total_bytes * (blockIdx.x + 1) / gridDim.x);
     uint8_t *      stages = smem + p.smem_stage;
+    uint8_t *      parts  = smem + p.smem_part;
     if (threadIdx.x == 0) {
         for (int s = 0; s < p.stages; ++s) {
             bulk_bar_init(&full[s], 1);
@@ -569,9 +607,7 @@ __launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(c
     frt_pdl_launch_dependents();
     if (warp == kBulkWarps) {
         // The weights are not written by earlier kernels: their copies start before the wait.
-        if (lane == 0) {
-            bulk_produce(p, begin, end, stages, full, empty, flag);
-        }
+        bulk_produce(p, begin, end, stages, parts, full, empty, flag, ring, lane);
         return;
     }
     frt_pdl_wait();
@@ -580,21 +616,21 @@ __launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(c
 #if defined(__CUDA_ARCH__)
     asm volatile("bar.sync 1, %0;" ::"r"(32 * kBulkWarps) : "memory");
 #endif
-    // Every consumer warp takes its rows of every chunk of the block.
-    bulk_pos   cur = begin;
+    // Every consumer warp goes through every chunk of the block; the tensor-core tasks are dealt
+    // round the warps across chunks (`dealt`: tasks of the chunks before), so that no warp waits
+    // for another at a chunk's end.
+    bulk_pos   cur   = begin;
     bulk_chunk c;
+    int        dealt = 0;
     for (int i = 0; bulk_next(p, cur, end, c); ++i) {
         const int slot = i % p.stages;
         bulk_bar_wait(&full[slot], (i / p.stages) & 1);
-        if (p.lab & 1) {
-        } else if (flag[slot] >= 0) {
-            bulk_rows<DIRECT>(p, c, stages + slot * p.stage_bytes, smem, warp, lane);
-        } else if (warp == 0) {
-            // No matrix to read: the rows of this slot become NaN, visibly.
-            for (int r = lane; r < c.nrows; r += 32) {
-                p.seg[c.si].out[c.inst * p.seg[c.si].out_stride + c.row0 + r] = __int_as_float(0x7fffffff);
-            }
+        if (flag[slot] >= 0 && !(p.lab & 1)) {
+            const int first = ((warp - dealt) % kBulkWarps + kBulkWarps) % kBulkWarps;
+            bulk_rows<DIRECT>(p, c, stages + slot * p.stage_bytes, smem, (float *) (parts + slot * p.part_bytes),
+                              first, warp, lane);
         }
+        dealt += bulk_tasks(p, c);
         __syncwarp();
         if (lane == 0) {
             bulk_bar_arrive(&empty[slot]);

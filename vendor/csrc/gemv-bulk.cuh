@@ -13,7 +13,7 @@ static constexpr int kBulkItems     = 4;      // items a lane loads before it mu
 static constexpr int kBulkStageWant = 32768;  // bytes a stage is sized for
 static constexpr int kBulkMaxStages = 16;
 static constexpr int kBulkSlack     = 16;     // the staged Q8_0 decoder reads up to 2 bytes past a chunk
-static constexpr int kBulkStatic    = 1024;   // static shared memory: barriers, chunk flags, prologue sums
+static constexpr int kBulkStatic    = 2048;   // static shared memory: barriers, chunk flags and ring, prologue sums
 
 struct bulk_seg {
     const uint8_t * w;
@@ -38,7 +38,8 @@ struct bulk_seg {
 struct bulk_params {
     gemv_x_in x;
     int       n_segments, direct, stages, stage_bytes;  // direct: the item type (-1: none)
-    int       smem_xq, smem_xm, smem_xf, smem_part, smem_stage;  // smem_part: mma partial sums
+    int       smem_xq, smem_xm, smem_xf, smem_part, smem_stage;  // smem_part: a stage's mma partial sums each
+    int       part_bytes;                                        // of part_bytes
     int64_t   total_bytes;
     int       lab;  // FRT_GEMV_BULK_LAB (experiments, bench only): 1 no math, 4 no stores
     bulk_seg  seg[FRT_GEMV_MAX_SEGMENTS];

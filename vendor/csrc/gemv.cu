@@ -236,7 +236,7 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
     p.x          = { a.x, a.norm, a.x_stride, a.eps, a.k, a.x_per_token, checked.need_q8, checked.need_f32 };
     p.n_segments = a.n_segments;
     int64_t bytes = 0, stage = 0;
-    int     part_rows = 0;  // the most rows of a tensor-core chunk: its partial sums a block
+    int     part_rows = 0;  // the most rows of a tensor-core chunk: a stage's partial sums, a block each
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
         bulk_seg &               q = p.seg[i];
@@ -322,18 +322,20 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
     p.smem_xm           = take(at, p.x.need_q8 ? 8 * n_vec * (a.k / 32) : 0);
     p.smem_xq           = take(at, p.x.need_q8 ? n_vec * a.k : 0);
     p.smem_xf           = take(at, p.x.need_f32 ? 4 * n_vec * a.k : 0);
-    p.smem_part         = take(at, 4 * (int64_t) part_rows * (a.k / 256));
-    p.smem_stage        = at;
     // Stages: what a block's share needs (all of it in flight before the wait for the previous
-    // kernel when it fits), at most what shared memory holds.
+    // kernel when it fits), at most what shared memory holds; each with the partial sums of its
+    // tensor-core chunk, which stay until the producer adds them up before refilling the stage.
     p.stage_bytes       = (int) ((stage + 15) / 16 * 16) + kBulkSlack;
+    p.part_bytes        = (int) ((4 * (int64_t) part_rows * (a.k / 256) + 127) / 128 * 128);
     const int64_t want  = (bytes / std::max(sms, 1) + stage - 1) / stage + 1;
     p.stages            = (int) std::min<int64_t>({ std::max<int64_t>(want, 2), kBulkMaxStages,
-                                                    (smem_optin - at) / p.stage_bytes });
+                                                    (smem_optin - at) / (p.stage_bytes + p.part_bytes) });
     if (p.stages < 2) {
         return "frt_gemv: the inputs leave the bulk kernel too little shared memory";
     }
-    smem = at + p.stages * p.stage_bytes;
+    p.smem_part  = at;
+    p.smem_stage = at + p.stages * p.part_bytes;
+    smem         = p.smem_stage + p.stages * p.stage_bytes;
     return nullptr;
 }
 

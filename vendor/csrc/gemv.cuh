@@ -55,10 +55,16 @@
 // consumer warps quantize x meanwhile, then multiply from shared memory: the quantized types
 // (Q4_K, Q5_K, Q6_K, Q8_0, GGUF or repacked) on the tensor cores (mma.m16n8k32 / m16n8k16 s8: 16
 // rows x one scale group a step, x as column 0 of B, the scales applied per group), F32/F16/BF16
-// with the register kernel's item code.
+// with the register kernel's item code. Tensor-core tasks (16-row tile, 256-column block) go round
+// the consumer warps across chunks, with no barrier between them; each leaves its partial sums
+// with the stage, and the producer adds them up in block order and stores the rows before it
+// refills the stage.
 //
 // Numerics: the result is sum_i w_i * xq_i (exact integer dot products of 16 values, then float),
-// where xq is x rounded to int8 per 32 values: |xq_i - x_i| <= d/2, d = max|x| / 127 of its block.
+// where xq is x rounded to int8 per 32 values exactly as stock's quantize_q8_1 rounds it:
+// q = round(x / d), d = max|x| / 127 of its block, and xq = half(d) q (block_q8_1 keeps d as a
+// half), so |xq_i - x_i| <= d/2 + |q_i| |half(d) - d|. The same rounding as stock is what keeps
+// decode on stock's logits (cargo xtask parity); a float d would be closer to x and drift.
 
 #include <cstdint>
 #include <cuda_runtime.h>
