@@ -55,7 +55,7 @@ tg() {
 parity() {
     local name=$1 m=$2; shift 2
     late "parity $name" && return 0
-    if env "$@" "$xtask" parity --model "$m" --arch 90a > "$out/parity-$name.log" 2>&1; then v=pass; else v=FAIL; fi
+    if env FRT_STATS=1 "$@" "$xtask" parity --model "$m" --arch 90a > "$out/parity-$name.log" 2>&1; then v=pass; else v=FAIL; fi
     row=$(grep '^| overlay vs stock' "$out/parity-$name.log" | awk -F'|' '{print $5 "|" $7}')
     ref=$(grep '^| fusion off vs stock' "$out/parity-$name.log" | awk -F'|' '{print $5}')
     say "| $name | ${row%%|*} | $ref | ${row#*|} | $v |"
