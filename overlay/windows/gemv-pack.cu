@@ -111,9 +111,6 @@ static bool same_launch(const ggml_tensor * a, const ggml_tensor * b) {
 
 const char * flashrt_gemv_collect_all_consumers(const ggml_cgraph * cgraph, int value, flashrt_gemv_pack & pack) {
     const ggml_tensor * v = cgraph->nodes[value];
-    if (v->flags & GGML_TENSOR_FLAG_OUTPUT) {
-        return "the value is a graph output";
-    }
     pack = flashrt_gemv_pack();
     int found = 0;
     const int end = std::min(cgraph->n_nodes, value + 1 + flashrt_gemv_lookahead);
@@ -321,6 +318,12 @@ static void fill_args(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgrap
     }
     a.x = (const float *) x->data;
     a.k = (int) input->ne[0];
+    if (pack.norm >= 0 && (cgraph->nodes[pack.norm + 1]->flags & GGML_TENSOR_FLAG_OUTPUT)) {
+        // The graph keeps the normed value (llama.cpp's final norm): the launch writes it too.
+        const ggml_tensor * kept = cgraph->nodes[pack.norm + 1];
+        a.x_normed = (float *) kept->data;
+        a.x_normed_stride = kept->nb[1] / sizeof(float);
+    }
     if (is_expert_matvec(first)) {
         a.tokens = (int) input->ne[2];
         a.x_per_token = (int) input->ne[1];
@@ -443,6 +446,19 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
         return miss;
     }
     pack.norm = i;
+    // A normed value the graph keeps is written by the launch itself, while its blocks still read
+    // the norm's input: apart from that input, the weight and every matvec's output.
+    const bool kept = (mul->flags & GGML_TENSOR_FLAG_OUTPUT) != 0;
+    if (kept) {
+        if (!ggml_is_contiguous(mul) || flashrt_overlaps(mul, x) || flashrt_overlaps(mul, weight)) {
+            return "memory: the kept normed value overlaps the norm's input";
+        }
+        for (int p = 0; p < pack.n; ++p) {
+            if (flashrt_overlaps(mul, cgraph->nodes[pack.nodes[p]])) {
+                return "memory: the kept normed value overlaps a matvec's output";
+            }
+        }
+    }
     ggml_type direct = GGML_TYPE_COUNT;
     for (int p = 0; p < pack.n; ++p) {
         const ggml_tensor * w = cgraph->nodes[pack.nodes[p]]->src[0];
@@ -460,6 +476,9 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
             return "memory: a matvec runs apart and the norm's input does not last until it";
         }
         pack.there[p] = true;
+    }
+    if (kept && std::all_of(pack.there, pack.there + pack.n, [](bool there) { return there; })) {
+        return "the kept normed value needs a launch at the norm";
     }
     return kernel_miss(cgraph, pack);
 }

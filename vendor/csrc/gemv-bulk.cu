@@ -611,7 +611,11 @@ __launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(c
         return;
     }
     frt_pdl_wait();
-    gemv_prologue_x<32 * kBulkWarps>(p.x, (int8_t *) (smem + p.smem_xq), (uint2 *) (smem + p.smem_xm),
+    gemv_x_in in = p.x;
+    if (blockIdx.x != 0) {
+        in.x_out = nullptr;  // the normed vectors, when the launch keeps them, are written by block 0 alone
+    }
+    gemv_prologue_x<32 * kBulkWarps>(in, (int8_t *) (smem + p.smem_xq), (uint2 *) (smem + p.smem_xm),
                                      (float *) (smem + p.smem_xf), threadIdx.x, 1);
 #if defined(__CUDA_ARCH__)
     asm volatile("bar.sync 1, %0;" ::"r"(32 * kBulkWarps) : "memory");

@@ -103,6 +103,8 @@ struct gemv_params {
     const float * norm;
     int64_t       x_stride;
     float         eps;
+    float *       x_out;  // frt_gemv_args::x_normed
+    int64_t       x_out_stride;
     int           k, tokens, x_per_token, n_vec;
     int           n_segments, split, total_batches;
     int           need_q8, need_f32;
@@ -915,6 +917,8 @@ struct gemv_x_in {
     int64_t       x_stride;
     float         eps;
     int           k, n_vec, need_q8, need_f32;
+    float *       x_out;  // non-null: the normed vectors are written here too (one block of the launch)
+    int64_t       x_out_stride;
 };
 
 template <int THREADS>
@@ -981,6 +985,9 @@ static __device__ void gemv_prologue_x(const gemv_x_in & p, int8_t * xq, uint2 *
                 const float4 nv    = ((const float4 *) p.norm)[c];
                 xv                 = make_float4(xv.x * scale * nv.x, xv.y * scale * nv.y, xv.z * scale * nv.z,
                                                  xv.w * scale * nv.w);
+                if (p.x_out != nullptr) {
+                    ((float4 *) (p.x_out + v * p.x_out_stride))[c] = xv;
+                }
             }
             if (p.need_f32) {
                 ((float4 *) xf)[i] = xv;
@@ -1026,7 +1033,9 @@ static __device__ void gemv_prologue(const gemv_params & p, uint8_t * smem) {
             }
         }
     }
-    const gemv_x_in in = { p.x, p.norm, p.x_stride, p.eps, p.k, p.n_vec, p.need_q8, p.need_f32 };
+    // The normed vectors, when the launch keeps them, are written by block 0 alone.
+    const gemv_x_in in = { p.x,        p.norm,    p.x_stride, p.eps, p.k, p.n_vec, p.need_q8, p.need_f32,
+                           blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride };
     gemv_prologue_x<kThreads>(in, (int8_t *) (smem + p.smem_xq), (uint2 *) (smem + p.smem_xm),
                               (float *) (smem + p.smem_xf), tid, 0);
 }

@@ -125,6 +125,10 @@ static const char * gemv_check(const frt_gemv_args & a, int & stage_bytes, int &
     if (a.norm != nullptr && !gemv_aligned16(a.norm)) {
         return "frt_gemv: norm must be 16-byte aligned";
     }
+    if (a.x_normed != nullptr &&
+        (a.norm == nullptr || !gemv_aligned16(a.x_normed) || a.x_normed_stride % 4 != 0 || a.x_normed_stride < a.k)) {
+        return "frt_gemv: x_normed needs norm, 16-byte alignment and a stride of k or more, a multiple of 4";
+    }
     if (a.x_per_token < 1 || a.x_per_token > FRT_GEMV_MAX_SLOTS) {
         return "frt_gemv: x_per_token must be 1 or the experts a token";
     }
@@ -233,7 +237,8 @@ const char * frt_gemv_bulk_plan(const frt_gemv_args & a, int smem_optin, int sms
     if (const char * why = gemv_check(a, stage_bytes, p.direct, checked)) {
         return why;
     }
-    p.x          = { a.x, a.norm, a.x_stride, a.eps, a.k, a.x_per_token, checked.need_q8, checked.need_f32 };
+    p.x          = { a.x, a.norm, a.x_stride, a.eps, a.k, a.x_per_token, checked.need_q8, checked.need_f32,
+                     a.x_normed, a.x_normed_stride };
     p.n_segments = a.n_segments;
     int64_t bytes = 0, stage = 0;
     int     part_rows = 0;  // the most rows of a tensor-core chunk: a stage's partial sums, a block each
@@ -348,6 +353,8 @@ const char * frt_gemv_plan(const frt_gemv_args & a, int warps_available, gemv_pa
     p.norm        = a.norm;
     p.x_stride    = a.x_stride;
     p.eps         = a.eps;
+    p.x_out       = a.x_normed;
+    p.x_out_stride = a.x_normed_stride;
     p.k           = a.k;
     p.tokens      = a.tokens;
     p.x_per_token = a.x_per_token;

@@ -120,6 +120,11 @@ struct frt_gemv_args {
     int           x_per_token;  // 1, or n_used of the expert segments (down projections: one input a slot)
     const float * norm;         // non-null: each input vector v is first replaced by v / rms(v) * norm
     float         eps;          // rms(v) = sqrt(mean(v^2) + eps)
+    // With norm, non-null: the normed vectors are also written here (vector v at x_normed + v *
+    // x_normed_stride, 16-byte aligned, stride a multiple of 4), for a norm whose value the graph
+    // keeps (llama.cpp marks its final norm, the LM head's input, as an output).
+    float *       x_normed;
+    int64_t       x_normed_stride;
     int           n_segments;
     frt_gemv_segment seg[FRT_GEMV_MAX_SEGMENTS];
 };
@@ -141,7 +146,7 @@ enum frt_gemv_kernel : int32_t {
 // x_per_token == 1; at most 64 expert slots a segment; x (normed, quantized and, for float
 // weights, in float) fitting in 99 KB of shared memory (8 tokens x k = 4096 with float weights
 // does not). The bulk kernel: the same but 1 token, any mix of types, and GGUF Q6_K/Q8_0
-// matrices of a multiple of 16 bytes. out must not overlap x or w.
+// matrices of a multiple of 16 bytes. out and x_normed must not overlap x, norm or w.
 const char * frt_gemv_unsupported(const frt_gemv_args & args, frt_gemv_kernel kernel = FRT_GEMV_KERNEL_AUTO);
 
 // Launches on `stream` (capture-safe, programmatic dependent launch like ggml-cuda). Returns

@@ -52,6 +52,7 @@ struct test_case {
     bool                  x_per_slot  = false;  // down projections: one input vector a slot
     bool                  repeat_ids  = false;  // the same expert twice in a token and across tokens
     bool                  bad_id      = false;  // one slot's id out of range: its rows must be NaN
+    bool                  keep_normed = false;  // norm: the normed vectors written too (x_normed)
 };
 
 template <typename T> T * upload(const std::vector<T> & v) {
@@ -147,6 +148,14 @@ bool run_case(const test_case & tc, frt_gemv_kernel kernel, std::mt19937_64 & rn
     int32_t * d_ids  = n_used > 0 ? upload(ids) : nullptr;
     args.x           = d_x;
     args.norm        = tc.norm ? d_norm : nullptr;
+    // The normed vectors, at a stride past k whose padding must stay poisoned.
+    const int64_t normed_stride = k + 12;
+    float *       d_normed      = nullptr;
+    if (tc.keep_normed) {
+        d_normed = (float *) upload(std::vector<uint32_t>((size_t) n_vec * normed_stride, kPoison));
+        args.x_normed        = d_normed;
+        args.x_normed_stride = normed_stride;
+    }
 
     std::vector<segment_data> data(tc.segs.size());
     for (size_t si = 0; si < tc.segs.size(); ++si) {
@@ -243,6 +252,25 @@ bool run_case(const test_case & tc, frt_gemv_kernel kernel, std::mt19937_64 & rn
 
     double worst_sharp = 0.0, worst_exact = 0.0;
     int64_t bad = 0, checked = 0;
+    if (tc.keep_normed) {
+        // Each normed value within the prologue's bound (norm_error: relative), the padding untouched.
+        const std::vector<uint32_t> got = download((const uint32_t *) d_normed, (size_t) n_vec * normed_stride);
+        for (int v = 0; v < n_vec; ++v) {
+            for (int64_t i = 0; i < normed_stride; ++i) {
+                const uint32_t bits = got[(size_t) v * normed_stride + i];
+                float          y;
+                std::memcpy(&y, &bits, 4);
+                const bool ok = i < k ? std::fabs(y - xs[v][i]) <= delta * std::fabs(xs[v][i]) + 1e-30
+                                      : bits == kPoison;
+                ++checked;
+                if (!ok && bad++ < 5) {
+                    std::printf("     %s normed vector %d element %" PRId64 ": %.9g, want %.9g\n", tc.name.c_str(), v, i, y,
+                                i < k ? xs[v][i] : 0.0);
+                }
+            }
+        }
+        CHECK(cudaFree(d_normed));
+    }
     std::vector<double> w(k), a(k);
     for (size_t si = 0; si < tc.segs.size(); ++si) {
         const seg_case &     sc = tc.segs[si];
@@ -445,7 +473,12 @@ int main(int argc, char ** argv) {
     add({ "attn_v (repacked)", 2048, 1, { S{ Q6, 512, true } } });
     add({ "ssm_alpha (repacked)", 2048, 1, { S{ Q8, 32, true } } });
     add({ "ffn_down_shexp (repacked)", 512, 1, { S{ Q6, 2048, true } } });
-    add({ "output (LM head, normed)", 2048, 1, { S{ Q6, 248320, true } }, true });
+    {
+        // llama.cpp keeps the final norm's value (an output): the launch writes it too.
+        test_case c{ "output (LM head, normed, kept)", 2048, 1, { S{ Q6, 248320, true } }, true };
+        c.keep_normed = true;
+        add(c);
+    }
     {
         test_case c{ "gate+up experts, repeats", 2048, 1, { S{ Q4, 512, false, 16 }, S{ Q4, 512, false, 16 } } };
         c.n_used = 8, c.repeat_ids = true;
@@ -473,7 +506,12 @@ int main(int argc, char ** argv) {
     // Repacked Q6_K/Q8_0 in a pack of another type go through shared memory too.
     add({ "GDN pack, alpha beta repacked", 2048, 1,
           { S{ Q4, 8192 }, S{ Q4, 4096 }, S{ Q8, 32, true }, S{ Q8, 32, true } }, true });
-    add({ "q/k/v pack, v repacked, 3 tokens", 2048, 3, { S{ Q4, 2048 }, S{ Q4, 512 }, S{ Q6, 512, true } }, true });
+    {
+        test_case c{ "q/k/v pack, v repacked, 3 tokens, kept", 2048, 3,
+                     { S{ Q4, 2048 }, S{ Q4, 512 }, S{ Q6, 512, true } }, true };
+        c.keep_normed = true;
+        add(c);
+    }
     add({ "q6_K_R + q8_0_R + q8_0 GGUF", 768, 2, { S{ Q6, 300, true }, S{ Q8, 70, true }, S{ Q8, 33 } } });
     add({ "router 8 tokens", 2048, 8, { S{ F32, 256 } } });
     // Odd shapes.
