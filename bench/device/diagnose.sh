@@ -2,7 +2,8 @@
 # Where the GEMV windows lose decode speed and quality, in one device call.
 #   diagnose.sh windows   llama-bench tg64 on the synthetic qwen36 GGUF under six settings (stock,
 #                         the overlay's default, every window off (the hooks alone), the GEMV
-#                         windows forced on, stock / GEMV windows with PDL off, each GEMV window
+#                         windows forced on, stock / GEMV windows with PDL off, the GEMV windows
+#                         with the register kernel's FRT_GEMV_LAB variants, each GEMV window
 #                         alone), then cargo xtask parity on the 4-layer model with each GEMV
 #                         window alone
 #   diagnose.sh verify    test-gemv, meanwhile the build; parity with the GEMV windows on (4-layer,
@@ -76,6 +77,10 @@ windows)
     tg gemv-on $(swaps "${gemv_windows[@]}")
     tg stock-pdl0 GGML_CUDA_FLASHRT_DISABLE=1 GGML_CUDA_PDL=0
     tg gemv-on-pdl0 GGML_CUDA_PDL=0 $(swaps "${gemv_windows[@]}")
+    # The register kernel's PDL use: dependents launched at its exit instead of after its prologue
+    # (FRT_GEMV_LAB=1), nothing read before its wait for the previous kernel (2).
+    tg gemv-on-trigger-at-exit FRT_GEMV_LAB=1 $(swaps "${gemv_windows[@]}")
+    tg gemv-on-no-preload FRT_GEMV_LAB=2 $(swaps "${gemv_windows[@]}")
     for w in "${gemv_windows[@]}"; do
         tg "$w-alone" $(swaps "$w")
     done

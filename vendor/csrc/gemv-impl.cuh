@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <mutex>
 
@@ -112,6 +113,7 @@ struct gemv_params {
     int           smem_ids, smem_xm, smem_xq, smem_xf, smem_team, smem_stage;
     int           stage_bytes;  // a warp's buffer: staged rows, and the preloaded first chunk
     int           preload;      // the buffer holds a direct type's first chunk (gemv_direct_preload)
+    int           lab;          // FRT_GEMV_LAB (experiments): 1 dependents launched at exit, 2 nothing before the wait
     gemv_seg_plan seg[FRT_GEMV_MAX_SEGMENTS];
 };
 
@@ -1106,7 +1108,7 @@ __launch_bounds__(kThreads, 2) static __global__ void frt_gemv_registers_kernel(
     // Before the wait for the previous kernel (weights are not written by kernels): the first
     // chunk of a dense direct first batch into this warp's buffer, else the batch into L2.
     bool preloaded = false;
-    if (first < p.total_batches) {
+    if (first < p.total_batches && !(p.lab & 2)) {
         const gemv_seg_plan & s = p.seg[gemv_segment_of(p, first)];
         if constexpr (DIRECT >= 0) {
             if (p.preload && !s.staged && s.ids == nullptr) {
@@ -1122,7 +1124,9 @@ __launch_bounds__(kThreads, 2) static __global__ void frt_gemv_registers_kernel(
     frt_pdl_wait();
     gemv_prologue(p, smem);
     __syncthreads();
-    frt_pdl_launch_dependents();
+    if (!(p.lab & 1)) {
+        frt_pdl_launch_dependents();
+    }
 
     for (int batch = first; batch < p.total_batches; batch += n_teams) {
         const gemv_seg_plan & s = p.seg[gemv_segment_of(p, batch)];
@@ -1198,6 +1202,11 @@ template <int DIRECT, int T> static cudaError_t gemv_launch(const frt_gemv_args 
     if (frt_gemv_plan(a, dev.sms * 2 * kWarps, p, smem) != nullptr) {
         return cudaErrorInvalidValue;
     }
+    static const int lab = [] {  // read once: launches are on the decode path
+        const char * v = std::getenv("FRT_GEMV_LAB");
+        return v ? std::atoi(v) : 0;
+    }();
+    p.lab = lab;
     // Blocks an SM holds: 2 by registers (__launch_bounds__), fewer when shared memory is short.
     const int per_sm = std::max(1, std::min(2, dev.smem_per_sm / (smem + kStaticSmem + dev.smem_reserved)));
     const int teams_per_block = kWarps / p.split;

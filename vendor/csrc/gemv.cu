@@ -353,8 +353,9 @@ const char * frt_gemv_plan(const frt_gemv_args & a, int warps_available, gemv_pa
     p.norm        = a.norm;
     p.x_stride    = a.x_stride;
     p.eps         = a.eps;
-    p.x_out       = a.x_normed;
+    p.x_out        = a.x_normed;
     p.x_out_stride = a.x_normed_stride;
+    p.lab          = 0;
     p.k           = a.k;
     p.tokens      = a.tokens;
     p.x_per_token = a.x_per_token;
