@@ -6,9 +6,10 @@
 #                         with the register kernel's FRT_GEMV_LAB variants, each GEMV window
 #                         alone), then cargo xtask parity on the 4-layer model with each GEMV
 #                         window alone
-#   diagnose.sh verify    test-gemv, meanwhile the build; parity with the GEMV windows on (4-layer,
-#                         then 40-layer), tg64 stock vs the GEMV windows with FRT_STATS (node-loop
-#                         passes and host time in the begin-graph hook)
+#   diagnose.sh verify    the vendor tests and gemv-bench at 1 token (register vs bulk kernel),
+#                         meanwhile the build; parity with the GEMV windows on (4-layer, then
+#                         40-layer), tg64 stock vs the GEMV windows with FRT_STATS (window hits,
+#                         node-loop passes and host time in the begin-graph hook)
 # Usage (device, repository root): bench/device/diagnose.sh windows|verify. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
@@ -27,7 +28,7 @@ mkdir -p /tmp/models
 synth=$!
 [ -f "$small" ] || "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" >> "$out/synth.log" 2>&1
 if [ "$mode" = verify ]; then
-    GEMV_SWEEP=0 GEMV_LAB=0 OUT=$out/gemv bash bench/device/gemv.sh > "$out/gemv.log" 2>&1 &
+    GEMV_LAB=0 OUT=$out/gemv bash bench/device/gemv.sh --tokens 1 > "$out/gemv.log" 2>&1 &
     tests=$!
 fi
 "$xtask" build --arch 90a --targets llama-bench,llama > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
@@ -35,7 +36,9 @@ wait $synth
 say "build + models: $(( $(date +%s) - start )) s"
 if [ "$mode" = verify ]; then
     if wait $tests; then r=ok; else r=FAILED; fi
-    say "vendor tests: $r"; grep -E "^test-" "$out/gemv/summary.txt" | tee -a "$out/summary.txt" || true
+    say "vendor tests + gemv-bench: $r"; grep -E "^test-|^gemv-bench" "$out/gemv/summary.txt" | tee -a "$out/summary.txt" || true
+    # Register vs bulk kernel per shape, 1 token.
+    grep -E "^\| (shape|---|[a-z_]+ \| frt)" "$out/gemv/gemv-bench.md" | cut -d'|' -f2-8,11 | tee -a "$out/summary.txt" || true
 fi
 
 gemv_windows=(INPROJ ATTNQKV HEAD SHEXP_FOLD MATVEC)
@@ -96,7 +99,7 @@ verify)
     say "|---|---:|"
     tg stock GGML_CUDA_FLASHRT_DISABLE=1
     tg gemv-on FRT_STATS=1 $(swaps "${gemv_windows[@]}")
-    grep -h "FlashRT stats: [0-9]" "$out/tg-gemv-on.err" | tee -a "$out/summary.txt" || true
+    grep -h "FlashRT stats: " "$out/tg-gemv-on.err" | grep -v "hits        0" | tee -a "$out/summary.txt" || true
     parity_header
     parity "GEMV windows, 40 layers" "$model" $(swaps "${gemv_windows[@]}")
     ;;
