@@ -38,7 +38,7 @@ if [ "$mode" = verify ]; then
     if wait $tests; then r=ok; else r=FAILED; fi
     say "vendor tests + gemv-bench: $r"; grep -E "^test-|^gemv-bench" "$out/gemv/summary.txt" | tee -a "$out/summary.txt" || true
     # Register vs bulk kernel per shape, 1 token.
-    grep -E "^\| (shape|---|[a-z_]+ \| frt)" "$out/gemv/gemv-bench.md" | cut -d'|' -f2-8,11 | tee -a "$out/summary.txt" || true
+    grep -E "^\|( shape|---| [a-z_]+ \| frt)" "$out/gemv/gemv-bench.md" | cut -d'|' -f2-8,11 | tee -a "$out/summary.txt" || true
 fi
 
 gemv_windows=(INPROJ ATTNQKV HEAD SHEXP_FOLD MATVEC)
