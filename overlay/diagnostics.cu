@@ -16,6 +16,37 @@ bool flashrt_debug_enabled() {
     return enabled;
 }
 
+static std::FILE * launch_log() {
+    static std::FILE * file = [] {
+        const char * path = std::getenv("GGML_FLASHRT_LAUNCH_LOG");
+        if (path == nullptr || *path == '\0') {
+            return (std::FILE *) nullptr;
+        }
+        std::FILE * f = std::fopen(path, "a");
+        if (f == nullptr) {
+            std::fprintf(stderr, "FlashRT: cannot open GGML_FLASHRT_LAUNCH_LOG=%s for appending: no launch log\n", path);
+        }
+        return f;
+    }();
+    return file;
+}
+
+bool flashrt_launch_log_enabled() {
+    return launch_log() != nullptr;
+}
+
+void flashrt_log_launch(const char * window, uint64_t bytes, const std::string & roles) {
+    std::FILE * f = launch_log();
+    if (f == nullptr) {
+        return;
+    }
+    static std::mutex           mutex;
+    std::lock_guard<std::mutex> lock(mutex);
+    std::fprintf(f, "%llu\t%s\t%llu\t%s\n", (unsigned long long) flashrt_global_stats().graphs.load(), window,
+                 (unsigned long long) bytes, roles.c_str());
+    std::fflush(f);
+}
+
 bool flashrt_stats_enabled() {
     static const bool enabled = env_is_one("FRT_STATS");
     return enabled;

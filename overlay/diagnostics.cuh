@@ -5,11 +5,13 @@
 //   GGML_FLASHRT_DUMP=<file>    node sequences of the first GGML_FLASHRT_DUMP_MAX (default 4)
 //                               computed graphs, with the window that covers each node
 //   FRT_STATS=1                 at exit: per-window hits, nodes covered, total nodes, repack cache
+//   GGML_FLASHRT_LAUNCH_LOG=<file>  the weight-reading launches windows make (flashrt_log_launch)
 
 #include "registry.cuh"
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 constexpr int FLASHRT_MAX_WINDOWS = 64;
@@ -33,6 +35,13 @@ struct flashrt_stats {
 bool flashrt_debug_enabled();
 bool flashrt_stats_enabled();
 flashrt_stats & flashrt_global_stats();
+
+// GGML_FLASHRT_LAUNCH_LOG=<file>: one line per weight-reading launch a window makes (during a
+// capture or an uncaptured evaluation, never on replays): node-loop pass, window, bytes of
+// weights read, the weights' roles (`attn_qkv / attn_gate`), tab-separated. `cargo xtask profile`
+// pairs them in order with the traced kernels of a step to rate each launch in TB/s.
+bool flashrt_launch_log_enabled();
+void flashrt_log_launch(const char * window, uint64_t bytes, const std::string & roles);
 
 // Writes `cgraph` to the dump file if dumping is on and fewer than the maximum were written.
 // `labels` names, for each node, the window that would take it (nullptr: stock).

@@ -1,10 +1,12 @@
 #include "gemv-pack.cuh"
 
+#include "../diagnostics.cuh"
 #include "../repack.cuh"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 // How far after a value its readers are searched. A qwen35moe Gated DeltaNet layer reads its normed
 // input ~45 nodes after the norm; the bound keeps the begin-graph hook's predicate pass linear.
@@ -390,6 +392,32 @@ static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_p
     return nullptr;
 }
 
+// The launch's line in GGML_FLASHRT_LAUNCH_LOG: the bytes of weights it reads (every expert slot
+// a matrix, as the kernel reads them) and their roles, tensor names without layer and suffix.
+static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, const frt_gemv_args & a,
+                       const char * window) {
+    uint64_t    bytes = 0;
+    std::string roles;
+    int         si    = 0;
+    for (int p = 0; p < pack.n; ++p) {
+        if (pack.there[p]) {
+            continue;
+        }
+        const frt_gemv_segment & s     = a.seg[si++];
+        const int64_t            slots = s.ids != nullptr ? (int64_t) a.tokens * s.n_used : 1;
+        bytes += (uint64_t) (slots * s.rows * frt_gemv_row_bytes(s.type, a.k));
+        std::string name = cgraph->nodes[pack.nodes[p]]->src[0]->name;
+        if (name.rfind("blk.", 0) == 0 && name.find('.', 4) != std::string::npos) {
+            name = name.substr(name.find('.', 4) + 1);
+        }
+        if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0) {
+            name.resize(name.size() - 7);
+        }
+        roles += (roles.empty() ? "" : " / ") + name;
+    }
+    flashrt_log_launch(window, bytes, roles);
+}
+
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                            const char * window) {
     frt_gemv_args a;
@@ -398,6 +426,9 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
         return;  // every matvec is computed where it stands
     }
     FLASHRT_CHECK(window, frt_gemv(a, ctx.stream(), gemv_kernel()));
+    if (flashrt_launch_log_enabled()) {
+        log_launch(cgraph, pack, a, window);
+    }
 }
 
 void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm, int node,

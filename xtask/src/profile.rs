@@ -4,6 +4,7 @@
 //! bytes the matvec kernels read. The instrument every window's README row and perf note cite.
 
 mod kernel_name;
+mod launch_log;
 mod report;
 mod trace;
 mod weights;
@@ -44,7 +45,10 @@ are put under their window by overlay/window-kernels.toml.
 Matvec launches (mul_mat_vec_q, mul_mat_vec_f) are attributed to the GGUF's tensors from their \
 template arguments (weight type, fusion) and grid (rows, experts), and rated in TB/s against the \
 read bandwidth bench/tools/bandwidth.cu measures; launches that cannot be told apart are listed \
-with the reason (xtask/src/profile/weights.rs documents the mapping).
+with the reason (xtask/src/profile/weights.rs documents the mapping). The GEMV windows' kernels \
+(one block an SM: their grid tells nothing) are attributed from the overlay's launch log, which \
+the traced overlay runs write (GGML_FLASHRT_LAUNCH_LOG): the k-th such kernel of a step is the \
+k-th launch of the capture it replays (xtask/src/profile/launch_log.rs).
 
 Writes bench/results/<date>-<commit>-<gpu>-profile[-no-NAME]/profile.md, profile.json and \
 profile.svg (µs per family, one bar per setting). --save-traces DIR keeps the traces and the \
@@ -136,6 +140,10 @@ pub struct SettingRun {
     pub profiled_ts: Vec<f64>,
     /// The trace's file name, next to inputs.json.
     pub trace: String,
+    /// The overlay's launch log of the traced run (GGML_FLASHRT_LAUNCH_LOG), next to inputs.json;
+    /// none for stock.
+    #[serde(default)]
+    pub launch_log: Option<String>,
 }
 
 const INPUTS: &str = "inputs.json";
@@ -143,6 +151,8 @@ const UNPROFILED_REPS: u32 = 3;
 const PROFILED_REPS: u32 = 1;
 /// Where the injection library writes its trace.
 const TRACE_ENV: &str = "FRT_CUPTI_TRACE";
+/// Where the overlay logs its windows' weight-reading launches (overlay/diagnostics.cuh).
+const LAUNCH_LOG_ENV: &str = "GGML_FLASHRT_LAUNCH_LOG";
 
 /// The settings, each with every switch set explicitly so that one inherited from the caller's
 /// environment cannot blur the comparison.
@@ -209,7 +219,27 @@ pub fn run(sh: &Shell, project: &Project, args: ProfileArgs) -> Result<()> {
             trace::parse(&text).with_context(|| format!("the {} trace {}", s.name, path.display()))
         })
         .collect::<Result<Vec<_>>>()?;
-    let profile = report::analyse(&inputs, &traces, &windows)?;
+    // A launch log the run did not write (no GEMV window launched) leaves those kernels without
+    // bytes, and the report says so.
+    let launches = inputs
+        .settings
+        .iter()
+        .map(|s| {
+            let Some(log) = &s.launch_log else {
+                return Ok(None);
+            };
+            let path = dir.join(log);
+            if !path.is_file() {
+                return Ok(None);
+            }
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading the {} launch log {}", s.name, path.display()))?;
+            launch_log::parse(&text)
+                .map(Some)
+                .with_context(|| format!("the {} launch log {}", s.name, path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let profile = report::analyse(&inputs, &traces, &launches, &windows)?;
     let out = project.root.join("bench/results").join(bench::result_stem(
         &inputs.date,
         &inputs.commit,
@@ -291,6 +321,18 @@ fn measure(
         let mut traced = env.clone();
         traced.push(("CUDA_INJECTION64_PATH".into(), utf8(&library)?));
         traced.push((TRACE_ENV.into(), utf8(&path)?));
+        let overlay = env
+            .iter()
+            .any(|(k, v)| k == "GGML_CUDA_FLASHRT_DISABLE" && v == "0");
+        let launch_log = overlay.then(|| format!("{}.launches", name.replace(' ', "-")));
+        if let Some(log) = &launch_log {
+            let log = dir.join(log);
+            if log.exists() {
+                std::fs::remove_file(&log)
+                    .with_context(|| format!("removing the old {}", log.display()))?;
+            }
+            traced.push((LAUNCH_LOG_ENV.into(), utf8(&log)?));
+        }
         step(format!("{name}: llama-bench tg{} traced", args.tokens));
         let profiled_ts = bench::llama_bench(
             &bin,
@@ -315,6 +357,7 @@ fn measure(
             unprofiled_ts,
             profiled_ts,
             trace: file,
+            launch_log,
         });
     }
     let inputs = Inputs {
@@ -652,6 +695,7 @@ mod tests {
             unprofiled_ts: vec![250.0],
             profiled_ts: vec![160.0],
             trace: format!("{name}.trace"),
+            launch_log: None,
         };
         let inputs = Inputs {
             date: "2026-11-30".into(),
@@ -679,7 +723,8 @@ mod tests {
                 trace::parse(&std::fs::read_to_string(dir.path().join(&s.trace)).unwrap()).unwrap()
             })
             .collect();
-        let profile = report::analyse(&back, &traces, &WindowKernels::default()).unwrap();
+        let profile =
+            report::analyse(&back, &traces, &[None, None], &WindowKernels::default()).unwrap();
         // Steps of 1 kernel each: three launches, the first left out, 1.0 and 1.5 µs.
         let stock = &profile.settings[0];
         assert_eq!((stock.steady_steps, stock.kernels_per_step), (2, 1));

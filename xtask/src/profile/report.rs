@@ -8,6 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::kernel_name::KernelName;
+use super::launch_log::{self, LoggedLaunch};
 use super::trace::{self, Activity, Trace};
 use super::weights::{self, Attribution, WeightTensor};
 use super::{Inputs, SettingRun, WindowKernels};
@@ -123,10 +124,12 @@ struct FamilyTotals {
     attributed_ns: u64,
 }
 
-/// The profile of one setting's trace.
+/// The profile of one setting's trace. `launches`: the passes of the overlay's launch log, when
+/// the run wrote one (the GEMV windows' kernels get their bytes from it).
 pub fn analyse_setting(
     run: &SettingRun,
     trace: &Trace,
+    launches: Option<&[Vec<LoggedLaunch>]>,
     tensors: &[WeightTensor],
     windows: &WindowKernels,
     read_tbps: f64,
@@ -134,6 +137,19 @@ pub fn analyse_setting(
     let (steps, outside_graphs) = trace::graph_steps(trace);
     let steady = trace::steady_steps(&steps)?;
     let names: Vec<KernelName> = trace.names.iter().map(|n| KernelName::parse(n)).collect();
+    let logged = |i: usize| match trace.records[i].activity {
+        Activity::Kernel { name, .. } => launch_log::is_logged(names[name].function()),
+        _ => false,
+    };
+    // The capture the steady steps replay: the pass with as many launches as a step has logged
+    // kernels.
+    let per_step = steady.steps.first().map_or(0, |&s| {
+        steps[s].records.iter().filter(|&&i| logged(i)).count()
+    });
+    let replayed: Result<&[LoggedLaunch], String> = match launches {
+        Some(passes) => launch_log::pass_with(passes, per_step),
+        None => Err("no launch log (the run did not set GGML_FLASHRT_LAUNCH_LOG)".to_owned()),
+    };
     let mut families: BTreeMap<String, FamilyTotals> = BTreeMap::new();
     let mut weight_totals: BTreeMap<(String, String), (u64, u64, u64)> = BTreeMap::new();
     let mut unattributed: BTreeMap<(String, [u32; 3], [u32; 3], String), u64> = BTreeMap::new();
@@ -154,6 +170,7 @@ pub fn analyse_setting(
         if let Some(next) = steps.get(s + 1) {
             periods.push((next.start - step.start) as f64 / 1e3);
         }
+        let mut logged_index = 0;
         for (&i, &ns) in step.records.iter().zip(&exclusive) {
             let record = &trace.records[i];
             let family = match record.activity {
@@ -169,13 +186,16 @@ pub fn analyse_setting(
             };
             let kernel = &names[name];
             totals.window = windows.window_of(kernel.function());
-            if !weights::reads_weights(kernel) {
+            let attribution = if launch_log::is_logged(kernel.function()) {
+                logged_index += 1;
+                &logged_attribution(&replayed, logged_index - 1)
+            } else if weights::reads_weights(kernel) {
+                memo.entry((name, grid, block))
+                    .or_insert_with(|| weights::attribute(kernel, grid, block, tensors))
+            } else {
                 continue;
-            }
+            };
             totals.reads_weights = true;
-            let attribution = memo
-                .entry((name, grid, block))
-                .or_insert_with(|| weights::attribute(kernel, grid, block, tensors));
             match attribution {
                 Ok(a) => {
                     totals.bytes += a.bytes;
@@ -265,16 +285,38 @@ pub fn analyse_setting(
     })
 }
 
-/// The whole profile: the inputs' settings, each with its parsed trace.
-pub fn analyse(inputs: &Inputs, traces: &[Trace], windows: &WindowKernels) -> Result<Profile> {
+/// What the k-th logged kernel of a step read: the k-th launch of the replayed pass.
+fn logged_attribution(
+    replayed: &Result<&[LoggedLaunch], String>,
+    k: usize,
+) -> Result<Attribution, String> {
+    let launches = replayed.as_ref().map_err(String::clone)?;
+    let launch = launches
+        .get(k)
+        .ok_or_else(|| format!("launch {k} is past the pass's {}", launches.len()))?;
+    Ok(Attribution {
+        bytes: launch.bytes,
+        weights: launch.roles.clone(),
+    })
+}
+
+/// The whole profile: the inputs' settings, each with its parsed trace and launch log.
+pub fn analyse(
+    inputs: &Inputs,
+    traces: &[Trace],
+    launches: &[Option<Vec<Vec<LoggedLaunch>>>],
+    windows: &WindowKernels,
+) -> Result<Profile> {
     let settings = inputs
         .settings
         .iter()
         .zip(traces)
-        .map(|(run, trace)| {
+        .zip(launches)
+        .map(|((run, trace), launches)| {
             analyse_setting(
                 run,
                 trace,
+                launches.as_deref(),
                 &inputs.tensors,
                 windows,
                 inputs.bandwidth.read_tbps,
@@ -847,13 +889,87 @@ mod tests {
             unprofiled_ts: vec![240.0, 250.0, 245.0],
             profiled_ts: vec![160.0],
             trace: format!("{name}.trace"),
+            launch_log: None,
         }
+    }
+
+    #[test]
+    fn the_gemv_windows_kernels_get_their_bytes_from_the_launch_log() {
+        // Four graph launches of two GEMV window kernels each: 0–5 µs and 5–7 µs.
+        let mut lines =
+            vec!["n 0 _ZL25frt_gemv_registers_kernelILi3ELi1EEv11gemv_params".to_owned()];
+        for step in 0..4u64 {
+            let t0 = step * 20_000;
+            let c = 3 + step;
+            lines.push(format!(
+                "k 0 {} {} 0 7 {c} 5 264 1 1 256 1 1",
+                t0,
+                t0 + 5_000
+            ));
+            lines.push(format!(
+                "k 0 {} {} 0 7 {c} 5 264 1 1 256 1 1",
+                t0 + 5_000,
+                t0 + 7_000
+            ));
+        }
+        lines.push("e".into());
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let trace = trace::parse(&text(&refs)).unwrap();
+        // A warm-up pass of one launch, then the capture the steps replay.
+        let log =
+            "1\tHEAD\t99\toutput\n4\tINPROJ\t10000\tattn_qkv / attn_gate\n4\tHEAD\t4000\toutput\n";
+        let passes = launch_log::parse(log).unwrap();
+        let p =
+            analyse_setting(&run("overlay"), &trace, Some(&passes), &[], &windows(), 4.0).unwrap();
+        assert!(p.unattributed.is_empty(), "{:?}", p.unattributed);
+        let w = |roles: &str| p.weights.iter().find(|w| w.weights == roles).unwrap();
+        assert_eq!(
+            (
+                w("attn_qkv / attn_gate").bytes,
+                w("attn_qkv / attn_gate").exclusive_us
+            ),
+            (10000.0, 5.0)
+        );
+        assert!((w("attn_qkv / attn_gate").tbps - 10000.0 / 5e3 / 1e3).abs() < 1e-12);
+        assert_eq!((w("output").bytes, w("output").exclusive_us), (4000.0, 2.0));
+        assert_eq!(p.weight_bytes, 14000.0);
+        let family = &p.families[0];
+        assert_eq!(
+            (family.family.as_str(), family.bytes),
+            ("frt_gemv_registers_kernel", Some(14000.0))
+        );
+
+        // No log, or none with the step's two launches: listed with the reason.
+        let p = analyse_setting(&run("overlay"), &trace, None, &[], &windows(), 4.0).unwrap();
+        assert!(
+            p.unattributed[0].reason.contains("GGML_FLASHRT_LAUNCH_LOG"),
+            "{:?}",
+            p.unattributed
+        );
+        assert_eq!(p.unattributed[0].launches, 2.0);
+        let warmup_only = launch_log::parse("1\tHEAD\t99\toutput\n").unwrap();
+        let p = analyse_setting(
+            &run("overlay"),
+            &trace,
+            Some(&warmup_only),
+            &[],
+            &windows(),
+            4.0,
+        )
+        .unwrap();
+        assert!(
+            p.unattributed[0].reason.contains("2 launches"),
+            "{:?}",
+            p.unattributed
+        );
+        assert_eq!(p.weight_bytes, 0.0);
     }
 
     #[test]
     fn a_setting_is_profiled_per_steady_step() {
         let trace = trace::parse(&trace_text()).unwrap();
-        let p = analyse_setting(&run("overlay"), &trace, &tensors(), &windows(), 4.0).unwrap();
+        let p =
+            analyse_setting(&run("overlay"), &trace, None, &tensors(), &windows(), 4.0).unwrap();
         assert_eq!(
             (
                 p.graph_launches,
@@ -893,7 +1009,7 @@ mod tests {
         assert!(p.unattributed.is_empty());
 
         // Without the tensor, the launches are listed with the reason.
-        let p = analyse_setting(&run("stock"), &trace, &[], &windows(), 4.0).unwrap();
+        let p = analyse_setting(&run("stock"), &trace, None, &[], &windows(), 4.0).unwrap();
         assert_eq!(p.unattributed.len(), 1);
         assert_eq!(p.unattributed[0].launches, 1.0);
         assert!(p.unattributed[0]
@@ -905,14 +1021,14 @@ mod tests {
     fn profile() -> Profile {
         let trace = trace::parse(&trace_text()).unwrap();
         let mut stock =
-            analyse_setting(&run("stock"), &trace, &tensors(), &windows(), 4.0).unwrap();
+            analyse_setting(&run("stock"), &trace, None, &tensors(), &windows(), 4.0).unwrap();
         // Stock has no window kernel and a slower matvec: 11 µs of 14.5 busy.
         stock.families.retain(|f| f.window.is_none());
         let mmvq = &mut stock.families[0];
         (mmvq.exclusive_us, mmvq.us_each, mmvq.share) = (11.0, 11.0, 11.0 / 14.5);
         stock.busy_us = 14.5;
         let overlay =
-            analyse_setting(&run("overlay"), &trace, &tensors(), &windows(), 4.0).unwrap();
+            analyse_setting(&run("overlay"), &trace, None, &tensors(), &windows(), 4.0).unwrap();
         Profile {
             date: "2026-11-30".into(),
             commit: "abc1234".into(),
