@@ -65,6 +65,9 @@ struct stats_at_exit {
         std::fprintf(stderr, "FlashRT stats: %llu graph evaluation(s), %llu compute nodes, %llu covered by windows (%.1f%%)\n",
                      (unsigned long long) stats.graphs.load(), (unsigned long long) nodes, (unsigned long long) covered,
                      nodes ? 100.0 * covered / nodes : 0.0);
+        const uint64_t graphs = stats.graphs.load();
+        std::fprintf(stderr, "FlashRT stats: host time in the node-loop hook %.2f ms a graph evaluation\n",
+                     graphs ? stats.loop_ns.load() / 1e6 / graphs : 0.0);
         const uint64_t begins = stats.begins.load();
         std::fprintf(stderr, "FlashRT stats: %llu graph compute call(s), %llu preparing the windows; host time in the "
                      "begin-graph hook %.1f us a call (replays take none)\n",

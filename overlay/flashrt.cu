@@ -216,11 +216,22 @@ void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {
     p.signature.erase(&ctx);
 }
 
+static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i);
+
 int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i) {
-    const flashrt_runtime_state & rt = runtime();
-    if (rt.disabled) {
+    if (runtime().disabled) {
         return 0;
     }
+    // Host time of the windows' predicates and launches, on every capture: decode pays it again
+    // whenever ggml-cuda captures anew.
+    const auto start    = std::chrono::steady_clock::now();
+    const int  consumed = try_window(ctx, cgraph, i);
+    flashrt_global_stats().loop_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - start).count();
+    return consumed;
+}
+
+static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i) {
     flashrt_stats & stats = flashrt_global_stats();
     // A new pass of the node loop starts when the index goes back (or the graph changes).
     thread_local const ggml_cgraph * pass_graph = nullptr;

@@ -45,12 +45,12 @@ gemv_windows=(INPROJ ATTNQKV HEAD SHEXP_FOLD MATVEC)
 all_windows=(GDN_GATED_NORM SHEXP_GATE "${gemv_windows[@]}")
 swaps() { for w in "$@"; do printf 'FRT_%s_SWAP=1 ' "$w"; done; }
 offs() { for w in "$@"; do printf 'GGML_FLASHRT_NO_%s=1 ' "$w"; done; }
-# tg64, 3 repetitions: name, then the environment.
+# tg64 (TG_N tokens), 3 repetitions: name, then the environment.
 tg() {
     local name=$1; shift
     late "tg $name" && return 0
     local ts
-    ts=$(env "$@" "$bin/llama-bench" -m "$model" -ngl 99 -fa 1 -p 0 -n 64 -r 3 -o jsonl 2> "$out/tg-$name.err" \
+    ts=$(env "$@" "$bin/llama-bench" -m "$model" -ngl 99 -fa 1 -p 0 -n "${TG_N:-64}" -r 3 -o jsonl 2> "$out/tg-$name.err" \
         | python3 -c 'import json,sys; r=[json.loads(l) for l in sys.stdin if l.strip()]; print("%.1f" % r[-1]["avg_ts"])' \
         || echo failed)
     say "| $name | $ts |"
@@ -84,6 +84,11 @@ windows)
     # (FRT_GEMV_LAB=1), nothing read before its wait for the previous kernel (2).
     tg gemv-on-trigger-at-exit FRT_GEMV_LAB=1 $(swaps "${gemv_windows[@]}")
     tg gemv-on-no-preload FRT_GEMV_LAB=2 $(swaps "${gemv_windows[@]}")
+    # Captures are paid per run, not per token: if the loss is the windows' host time at capture,
+    # it shrinks over 512 tokens.
+    TG_N=512 tg stock-tg512 GGML_CUDA_FLASHRT_DISABLE=1
+    TG_N=512 tg gemv-on-tg512 FRT_STATS=1 $(swaps "${gemv_windows[@]}")
+    grep -h "FlashRT stats: host time" "$out/tg-gemv-on-tg512.err" | tee -a "$out/summary.txt" || true
     for w in "${gemv_windows[@]}"; do
         tg "$w-alone" $(swaps "$w")
     done
