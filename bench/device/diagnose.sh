@@ -103,7 +103,15 @@ verify)
     say "| setting | tg64 tok/s |"
     say "|---|---:|"
     tg stock GGML_CUDA_FLASHRT_DISABLE=1
-    tg gemv-on FRT_STATS=1 $(swaps "${gemv_windows[@]}")
+    tg gemv-on FRT_STATS=1 GGML_FLASHRT_LAUNCH_LOG=$out/gemv-on.launches $(swaps "${gemv_windows[@]}")
+    # The launches of the last capture: which matvecs each one served (a pack that split shows up
+    # as single roles).
+    if [ -f "$out/gemv-on.launches" ]; then
+        last=$(tail -1 "$out/gemv-on.launches" | cut -f1)
+        awk -F'\t' -v p="$last" '$1 == p {n[$2 " | " $4]++} END {for (k in n) print n[k] " x " k}' \
+            "$out/gemv-on.launches" | sort -rn | head -30 | tee -a "$out/summary.txt"
+        say "launches in that capture: $(awk -F'\t' -v p="$last" '$1 == p' "$out/gemv-on.launches" | wc -l)"
+    fi
     grep -h "FlashRT stats: " "$out/tg-gemv-on.err" | grep -v "hits        0" | tee -a "$out/summary.txt" || true
     parity_header
     parity "GEMV windows, 40 layers" "$model" $(swaps "${gemv_windows[@]}")
