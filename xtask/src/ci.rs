@@ -363,13 +363,22 @@ fn overlay_unit_tests(sh: &Shell, project: &Project) -> Result<()> {
         which::which("c++").context("a C++ compiler (c++) is needed: apt-get install -y g++")?;
     let overlay = project.overlay_dir();
     let scratch = project.scratch()?;
-    let tests = [(
-        "test-switches",
-        vec![
-            overlay.join("switches.cpp"),
-            overlay.join("tests/test-switches.cpp"),
-        ],
-    )];
+    let tests = [
+        (
+            "test-switches",
+            vec![
+                overlay.join("switches.cpp"),
+                overlay.join("tests/test-switches.cpp"),
+            ],
+        ),
+        (
+            "test-reorder",
+            vec![
+                overlay.join("reorder.cpp"),
+                overlay.join("tests/test-reorder.cpp"),
+            ],
+        ),
+    ];
     for (name, sources) in tests {
         let exe = scratch.path().join(name);
         cmd!(
