@@ -75,6 +75,15 @@ bool flashrt_window_enabled(const char * name) {
     return false;
 }
 
+bool flashrt_window_runs(const char * name, int cc) {
+    for (const flashrt_window_state & ws : runtime().windows) {
+        if (std::strcmp(ws.window->name, name) == 0) {
+            return ws.enabled && cc >= ws.window->min_cc;
+        }
+    }
+    return false;
+}
+
 // The enabled window that matches at node i for a device of compute capability cc, if any.
 static const flashrt_window_state * find_window(const ggml_cgraph * cgraph, int i, int cc, flashrt_match & m,
                                                bool report) {

@@ -19,6 +19,10 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
 // already computed earlier in the pass (1). 0 leaves node i to the stock path. Capture-safe.
 int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i);
 
+// Called from ggml-cuda's graph_optimize, before the scheduler plans the graph's memory: may
+// reorder cgraph's nodes (a valid order: every node after its sources), never anything else.
+void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph);
+
 // Called when a CUDA backend context is destroyed: frees what the overlay holds for it (repacked
 // weights).
 void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx);

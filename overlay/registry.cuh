@@ -85,3 +85,6 @@ const flashrt_window * flashrt_windows(int * n_windows);
 // Whether the window called `name` is on in this process (switches and tier; false when the layer
 // is disabled or no window has that name). For windows whose predicates leave nodes to another.
 bool flashrt_window_enabled(const char * name);
+
+// Whether the window called `name` is on and runs on a device of compute capability cc.
+bool flashrt_window_runs(const char * name, int cc);
