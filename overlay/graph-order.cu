@@ -1,7 +1,9 @@
 // The node order the decode GEMV packs need (reorder.h says why): the dense matvecs that read one
 // normed value (a Gated DeltaNet layer's input projections, an attention layer's q/k/v, the LM head)
 // move right after it, so that ggml-alloc plans their outputs there and INPROJ, ATTNQKV and HEAD
-// can compute them in one launch. Only for those windows when they run; stock's order otherwise.
+// can compute them in one launch; the shared expert's matvecs move right after the routed
+// experts' gate/up, which SHEXP_FOLD serves them with. Only for those windows when they run;
+// stock's order otherwise.
 
 #include "flashrt.cuh"
 #include "registry.cuh"
@@ -36,10 +38,19 @@ static const char * norm_pack_window(const ggml_tensor * w) {
     return nullptr;
 }
 
+// The tensor a chain of reshapes and views shows (memory is not planned yet: no data pointers).
+static const ggml_tensor * underlying(const ggml_tensor * t) {
+    while ((t->op == GGML_OP_RESHAPE || t->op == GGML_OP_VIEW) && t->src[0] != nullptr) {
+        t = t->src[0];
+    }
+    return t;
+}
+
 void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph) {
-    const int cc = ggml_cuda_info().devices[ctx.device].cc;
+    const int  cc   = ggml_cuda_info().devices[ctx.device].cc;
+    const bool fold = flashrt_window_runs("SHEXP_FOLD", cc);
     if (!flashrt_window_runs("INPROJ", cc) && !flashrt_window_runs("ATTNQKV", cc) &&
-        !flashrt_window_runs("HEAD", cc)) {
+        !flashrt_window_runs("HEAD", cc) && !fold) {
         return;
     }
     const int n = cgraph->n_nodes;
@@ -78,6 +89,25 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
             }
             const char * window = norm_pack_window(t->src[0]);
             if (window != nullptr && flashrt_window_runs(window, cc)) {
+                group.members.push_back(j);
+            }
+        }
+        if (!group.members.empty()) {
+            groups.push_back(std::move(group));
+        }
+    }
+    // The routed experts' gate/up (MUL_MAT_ID of one token's vector V), then the shared expert's
+    // dense matvecs of V.
+    for (int i = 0; fold && i < n; ++i) {
+        const ggml_tensor * experts = cgraph->nodes[i];
+        if (experts->op != GGML_OP_MUL_MAT_ID) {
+            continue;
+        }
+        const ggml_tensor * v = underlying(experts->src[1]);
+        flashrt_pull_group  group{ i, {} };
+        for (int j = i + 1; j < n && j < i + 1 + 400; ++j) {
+            const ggml_tensor * t = cgraph->nodes[j];
+            if (t->op == GGML_OP_MUL_MAT && t->src[1] == v && std::strstr(t->src[0]->name, "_shexp") != nullptr) {
                 group.members.push_back(j);
             }
         }
