@@ -1,9 +1,10 @@
 // The node order the decode GEMV packs need (reorder.h says why): the dense matvecs that read one
 // normed value (a Gated DeltaNet layer's input projections, an attention layer's q/k/v, the LM head)
 // move right after it, so that ggml-alloc plans their outputs there and INPROJ, ATTNQKV and HEAD
-// can compute them in one launch; the shared expert's matvecs move right after the routed
-// experts' gate/up, which SHEXP_FOLD serves them with. Only for those windows when they run;
-// stock's order otherwise.
+// can compute them in one launch; the shared expert's gate vector moves right after the router
+// (MATVEC: both F32, one launch) and its other matvecs right after the routed experts' gate/up,
+// which SHEXP_FOLD serves them with. Only for those windows when they run; stock's order
+// otherwise.
 
 #include "flashrt.cuh"
 #include "registry.cuh"
@@ -48,9 +49,10 @@ static const ggml_tensor * underlying(const ggml_tensor * t) {
 
 void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph) {
     const int  cc   = ggml_cuda_info().devices[ctx.device].cc;
-    const bool fold = flashrt_window_runs("SHEXP_FOLD", cc);
+    const bool fold   = flashrt_window_runs("SHEXP_FOLD", cc);
+    const bool matvec = flashrt_window_runs("MATVEC", cc);
     if (!flashrt_window_runs("INPROJ", cc) && !flashrt_window_runs("ATTNQKV", cc) &&
-        !flashrt_window_runs("HEAD", cc) && !fold) {
+        !flashrt_window_runs("HEAD", cc) && !fold && !matvec) {
         return;
     }
     const int n = cgraph->n_nodes;
@@ -96,8 +98,26 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
             groups.push_back(std::move(group));
         }
     }
+    // The router, then the shared expert's gate vector (the same input, the same F32 type).
+    for (int i = 0; matvec && i < n; ++i) {
+        const ggml_tensor * router = cgraph->nodes[i];
+        if (router->op != GGML_OP_MUL_MAT || std::strstr(router->src[0]->name, "ffn_gate_inp.") == nullptr) {
+            continue;
+        }
+        flashrt_pull_group group{ i, {} };
+        for (int j = i + 1; j < n && j < i + 1 + 400; ++j) {
+            const ggml_tensor * t = cgraph->nodes[j];
+            if (t->op == GGML_OP_MUL_MAT && t->src[1] == router->src[1] &&
+                std::strstr(t->src[0]->name, "ffn_gate_inp_shexp") != nullptr) {
+                group.members.push_back(j);
+            }
+        }
+        if (!group.members.empty()) {
+            groups.push_back(std::move(group));
+        }
+    }
     // The routed experts' gate/up (MUL_MAT_ID of one token's vector V), then the shared expert's
-    // dense matvecs of V.
+    // dense matvecs of V (its gate vector goes with the router above when MATVEC runs).
     for (int i = 0; fold && i < n; ++i) {
         const ggml_tensor * experts = cgraph->nodes[i];
         if (experts->op != GGML_OP_MUL_MAT_ID) {
@@ -107,7 +127,8 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
         flashrt_pull_group  group{ i, {} };
         for (int j = i + 1; j < n && j < i + 1 + 400; ++j) {
             const ggml_tensor * t = cgraph->nodes[j];
-            if (t->op == GGML_OP_MUL_MAT && t->src[1] == v && std::strstr(t->src[0]->name, "_shexp") != nullptr) {
+            if (t->op == GGML_OP_MUL_MAT && t->src[1] == v && std::strstr(t->src[0]->name, "_shexp") != nullptr &&
+                !(matvec && std::strstr(t->src[0]->name, "ffn_gate_inp_shexp") != nullptr)) {
                 group.members.push_back(j);
             }
         }
