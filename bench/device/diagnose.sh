@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Where the GEMV windows lose decode speed and quality, in one device call.
-#   diagnose.sh windows   llama-bench tg64 on the synthetic qwen36 GGUF under six settings (stock,
-#                         the overlay's default, every window off (the hooks alone), the GEMV
-#                         windows forced on, stock / GEMV windows with PDL off, the GEMV windows
-#                         with the register kernel's FRT_GEMV_LAB variants, each GEMV window
-#                         alone), then cargo xtask parity on the 4-layer model with each GEMV
-#                         window alone
+#   diagnose.sh windows   llama-bench on the synthetic qwen36 GGUF, untraced: tg64 and tg512 for
+#                         stock and the GEMV windows forced on (a loss paid per capture shrinks
+#                         with more tokens), tg64 for the register kernel's FRT_GEMV_LAB variants,
+#                         the overlay's default, every window off (the hooks alone), stock / GEMV
+#                         windows with PDL off, each GEMV window alone; then cargo xtask parity on
+#                         the 4-layer model with each GEMV window alone
 #   diagnose.sh verify    the vendor tests and gemv-bench at 1 token (register vs bulk kernel),
 #                         meanwhile the build; parity with the GEMV windows on (4-layer, then
 #                         40-layer), tg64 stock vs the GEMV windows with FRT_STATS (window hits,
