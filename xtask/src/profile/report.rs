@@ -105,6 +105,12 @@ pub struct Unattributed {
 /// A kernel (its name's index) with its grid and block.
 type LaunchShape = (usize, [u32; 3], [u32; 3]);
 
+/// The decode GEMV budget of a launch reading `bytes` (issue 10's acceptance): at 60% of the read
+/// bandwidth, plus 1.5 µs.
+fn gemv_budget_us(bytes: f64, read_tbps: f64) -> f64 {
+    bytes / (0.6 * read_tbps * 1e6) + 1.5
+}
+
 /// ns and bytes to TB/s.
 fn tbps(bytes: f64, ns: f64) -> f64 {
     if ns > 0.0 {
@@ -541,13 +547,21 @@ pub fn markdown(p: &Profile) -> String {
     out.push_str("\n## Weight reads, per step\n\n");
     out.push_str(
         "Matvec launches attributed to the tensors they read (from the grid and the GGUF's \
-         shapes; `cargo xtask profile --help`); TB/s over their exclusive time, against the \
-         measured read bandwidth. The **all** rows: every launch of the kernel, TB/s over the \
-         attributed ones.\n\n",
+         shapes, or the overlay's launch log; `cargo xtask profile --help`); TB/s over their \
+         exclusive time, against the measured read bandwidth; µs a launch and, in brackets, the \
+         decode GEMV budget: bytes / (0.6 × read bandwidth) + 1.5 µs. The **all** rows: every \
+         launch of the kernel, TB/s over the attributed ones.\n\n",
     );
     let mut cols = vec!["weights".to_owned(), "kernel".to_owned()];
     for n in &names {
-        for what in ["launches", "MB", "µs", "TB/s", "of read BW"] {
+        for what in [
+            "launches",
+            "MB",
+            "µs",
+            "TB/s",
+            "of read BW",
+            "µs each (budget)",
+        ] {
             cols.push(format!("{n} {what}"));
         }
     }
@@ -579,8 +593,13 @@ pub fn markdown(p: &Profile) -> String {
                     format!("{:.1}", w.exclusive_us),
                     opt(Some(w.tbps), |v| format!("{v:.2}")),
                     opt(Some(w.read_share), pct),
+                    format!(
+                        "{:.2} ({:.2})",
+                        w.exclusive_us / w.launches,
+                        gemv_budget_us(w.bytes / w.launches, p.bandwidth.read_tbps)
+                    ),
                 ]),
-                None => cells.extend(["-", "-", "-", "-", "-"].map(String::from)),
+                None => cells.extend(["-", "-", "-", "-", "-", "-"].map(String::from)),
             }
         }
         out.push_str(&row(cells));
@@ -603,8 +622,9 @@ pub fn markdown(p: &Profile) -> String {
                     format!("{:.1}", f.exclusive_us),
                     opt(f.tbps, |v| format!("{v:.2}")),
                     opt(f.read_share, pct),
+                    "-".to_owned(),
                 ]),
-                None => cells.extend(["-", "-", "-", "-", "-"].map(String::from)),
+                None => cells.extend(["-", "-", "-", "-", "-", "-"].map(String::from)),
             }
         }
         out.push_str(&row(cells));
@@ -1080,7 +1100,9 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("| attn_qkv | `mul_mat_vec_q` | 1 | 9.4 | 10.0 | 0.94 | 23.6% |"),
+            md.contains(
+                "| attn_qkv | `mul_mat_vec_q` | 1 | 9.4 | 10.0 | 0.94 | 23.6% | 10.00 (5.43) |"
+            ),
             "{md}"
         );
         assert!(
@@ -1089,7 +1111,7 @@ mod tests {
         );
         assert!(
             md.contains(
-                "| **all** | `mul_mat_vec_q` | 1 | 9.4 | 11.0 | 0.94 | 23.6% | 1 | 9.4 | 10.0 |"
+                "| **all** | `mul_mat_vec_q` | 1 | 9.4 | 11.0 | 0.94 | 23.6% | - | 1 | 9.4 | 10.0 |"
             ),
             "{md}"
         );
