@@ -2,21 +2,17 @@
 // `cargo xtask ci` (cell overlay-unit) with the host C++ compiler; needs no GPU and no ggml.
 
 #include "../reorder.h"
+#include "unit-check.h"
 
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
-static int failures = 0;
-static int checks   = 0;
+static unit_check check;
 
 static void expect(bool ok, const std::string & what) {
-    ++checks;
-    if (!ok) {
-        ++failures;
-        std::printf("FAILED: %s\n", what.c_str());
-    }
+    check.expect(ok, what);
 }
 
 static std::string str(const std::vector<int> & v) {
@@ -137,6 +133,5 @@ int main() {
             }
         }
     }
-    std::printf("test-reorder: %d checks, %d failed\n", checks, failures);
-    return failures == 0 ? 0 : 1;
+    return check.finish("test-reorder");
 }

@@ -2,6 +2,7 @@
 // overlay-unit) with the host C++ compiler; needs no GPU and no ggml.
 
 #include "../switches.h"
+#include "unit-check.h"
 
 #include <cstdio>
 #include <map>
@@ -16,15 +17,10 @@ static const char * lookup(const char * name, void * user) {
     return it == env.end() ? nullptr : it->second.c_str();
 }
 
-static int failures = 0;
-static int checks = 0;
+static unit_check check;
 
 static void expect(bool ok, const std::string & what) {
-    ++checks;
-    if (!ok) {
-        ++failures;
-        std::printf("FAILED: %s\n", what.c_str());
-    }
+    check.expect(ok, what);
 }
 
 struct row {
@@ -79,6 +75,5 @@ int main() {
     expect(unknown.size() == 2 && unknown[0] == "GGML_FLASHRT_NO_TYPO" && unknown[1] == "FRT_NOPE_SWAP",
            "unknown switches are the two typos");
 
-    std::printf("%d passed, %d failed\n", checks - failures, failures);
-    return failures == 0 ? 0 : 1;
+    return check.finish("test-switches");
 }
