@@ -35,7 +35,7 @@ bool flashrt_launch_log_enabled() {
     return launch_log() != nullptr;
 }
 
-void flashrt_log_launch(const char * window, uint64_t bytes, const std::string & roles) {
+void flashrt_log_launch(const char * window, uint64_t bytes, const std::string & weights) {
     std::FILE * f = launch_log();
     if (f == nullptr) {
         return;
@@ -43,7 +43,7 @@ void flashrt_log_launch(const char * window, uint64_t bytes, const std::string &
     static std::mutex           mutex;
     std::lock_guard<std::mutex> lock(mutex);
     std::fprintf(f, "%llu\t%s\t%llu\t%s\n", (unsigned long long) flashrt_global_stats().graphs.load(), window,
-                 (unsigned long long) bytes, roles.c_str());
+                 (unsigned long long) bytes, weights.c_str());
     std::fflush(f);
 }
 

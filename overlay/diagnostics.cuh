@@ -39,10 +39,10 @@ flashrt_stats & flashrt_global_stats();
 
 // GGML_FLASHRT_LAUNCH_LOG=<file>: one line per weight-reading launch a window makes (during a
 // capture or an uncaptured evaluation, never on replays): node-loop pass, window, bytes of
-// weights read, the weights' roles (`attn_qkv / attn_gate`), tab-separated. `cargo xtask profile`
+// weights read, the weights' tensor names (joined by ` / `), tab-separated. `cargo xtask profile`
 // pairs them in order with the traced kernels of a step to rate each launch in TB/s.
 bool flashrt_launch_log_enabled();
-void flashrt_log_launch(const char * window, uint64_t bytes, const std::string & roles);
+void flashrt_log_launch(const char * window, uint64_t bytes, const std::string & weights);
 
 // Writes `cgraph` to the dump file if dumping is on and fewer than the maximum were written.
 // `labels` names, for each node, the window that would take it (nullptr: stock).

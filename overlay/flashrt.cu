@@ -66,22 +66,23 @@ static const flashrt_runtime_state & runtime() {
     return state;
 }
 
-bool flashrt_window_enabled(const char * name) {
+static const flashrt_window_state * window_named(const char * name) {
     for (const flashrt_window_state & ws : runtime().windows) {
         if (std::strcmp(ws.window->name, name) == 0) {
-            return ws.enabled;
+            return &ws;
         }
     }
-    return false;
+    return nullptr;
+}
+
+bool flashrt_window_enabled(const char * name) {
+    const flashrt_window_state * ws = window_named(name);
+    return ws != nullptr && ws->enabled;
 }
 
 bool flashrt_window_runs(const char * name, int cc) {
-    for (const flashrt_window_state & ws : runtime().windows) {
-        if (std::strcmp(ws.window->name, name) == 0) {
-            return ws.enabled && cc >= ws.window->min_cc;
-        }
-    }
-    return false;
+    const flashrt_window_state * ws = window_named(name);
+    return ws != nullptr && ws->enabled && cc >= ws->window->min_cc;
 }
 
 // The enabled window that matches at node i for a device of compute capability cc, if any.
@@ -202,6 +203,11 @@ static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph *
     }
 }
 
+static uint64_t elapsed_ns(std::chrono::steady_clock::time_point start) {
+    return (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+        .count();
+}
+
 void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop) {
     if (runtime().disabled) {
         return;
@@ -214,8 +220,7 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
     const auto start = std::chrono::steady_clock::now();
     flashrt_dump_graph(cgraph, dump_labels);
     prepare_windows(ctx, cgraph);
-    stats.begin_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now() - start).count();
+    stats.begin_ns += elapsed_ns(start);
 }
 
 void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {
@@ -231,12 +236,14 @@ int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * 
     if (runtime().disabled) {
         return 0;
     }
+    if (!flashrt_stats_enabled()) {
+        return try_window(ctx, cgraph, i);
+    }
     // Host time of the windows' predicates and launches, on every capture: decode pays it again
     // whenever ggml-cuda captures anew.
     const auto start    = std::chrono::steady_clock::now();
     const int  consumed = try_window(ctx, cgraph, i);
-    flashrt_global_stats().loop_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - start).count();
+    flashrt_global_stats().loop_ns += elapsed_ns(start);
     return consumed;
 }
 

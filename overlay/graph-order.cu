@@ -9,35 +9,11 @@
 #include "flashrt.cuh"
 #include "registry.cuh"
 #include "reorder.h"
-
-#include "common.cuh"
+#include "windows/gemv-pack.cuh"
 
 #include <cstring>
-#include <initializer_list>
 #include <unordered_map>
 #include <vector>
-
-// The window whose pack the matvec with this weight would join (the names its predicate reads).
-static const char * norm_pack_window(const ggml_tensor * w) {
-    const auto any = [w](std::initializer_list<const char *> parts) {
-        for (const char * part : parts) {
-            if (std::strstr(w->name, part) != nullptr) {
-                return true;
-            }
-        }
-        return false;
-    };
-    if (any({ "attn_qkv", "ssm_alpha", "ssm_beta", "ssm_ba", "attn_gate" })) {
-        return "INPROJ";
-    }
-    if (any({ "attn_q.", "attn_k.", "attn_v." })) {
-        return "ATTNQKV";
-    }
-    if (std::strcmp(w->name, "output.weight") == 0 || std::strcmp(w->name, "token_embd.weight") == 0) {
-        return "HEAD";
-    }
-    return nullptr;
-}
 
 // The tensor a chain of reshapes and views shows (memory is not planned yet: no data pointers).
 static const ggml_tensor * underlying(const ggml_tensor * t) {
@@ -48,7 +24,7 @@ static const ggml_tensor * underlying(const ggml_tensor * t) {
 }
 
 void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph) {
-    const int  cc   = ggml_cuda_info().devices[ctx.device].cc;
+    const int  cc     = ggml_cuda_info().devices[ctx.device].cc;
     const bool fold   = flashrt_window_runs("SHEXP_FOLD", cc);
     const bool matvec = flashrt_window_runs("MATVEC", cc);
     if (!flashrt_window_runs("INPROJ", cc) && !flashrt_window_runs("ATTNQKV", cc) &&
@@ -56,6 +32,45 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
         return;
     }
     const int n = cgraph->n_nodes;
+    std::vector<flashrt_pull_group> groups;
+    // The dense matvecs of `input` within a few hundred nodes after node `after` (a layer's
+    // readers of a value lie within ~50) that `joins` takes: they follow `after`.
+    const auto pull = [&](int after, const ggml_tensor * input, auto joins) {
+        flashrt_pull_group group{ after, {} };
+        for (int j = after + 1; j < n && j <= after + 400; ++j) {
+            const ggml_tensor * t = cgraph->nodes[j];
+            if (t->op == GGML_OP_MUL_MAT && t->src[1] == input && joins(t->src[0])) {
+                group.members.push_back(j);
+            }
+        }
+        if (!group.members.empty()) {
+            groups.push_back(std::move(group));
+        }
+    };
+    const auto named = [](const ggml_tensor * w, const char * part) { return std::strstr(w->name, part) != nullptr; };
+    for (int i = 0; i < n; ++i) {
+        const ggml_tensor * t = cgraph->nodes[i];
+        if (t->op == GGML_OP_MUL && i > 0 && cgraph->nodes[i - 1]->op == GGML_OP_RMS_NORM &&
+            (t->src[0] == cgraph->nodes[i - 1] || t->src[1] == cgraph->nodes[i - 1])) {
+            // RMS_NORM, then its weight MUL: the projections of the normed value.
+            pull(i, t, [cc](const ggml_tensor * w) {
+                const char * window = flashrt_gemv_norm_pack_window(w);
+                return window != nullptr && flashrt_window_runs(window, cc);
+            });
+        } else if (matvec && t->op == GGML_OP_MUL_MAT && named(t->src[0], "ffn_gate_inp.")) {
+            // The router, then the shared expert's gate vector (the same input, the same F32 type).
+            pull(i, t->src[1], [&](const ggml_tensor * w) { return named(w, "ffn_gate_inp_shexp"); });
+        } else if (fold && t->op == GGML_OP_MUL_MAT_ID) {
+            // The routed experts' gate/up (of one token's vector V), then the shared expert's dense
+            // matvecs of V (its gate vector goes with the router above when MATVEC runs).
+            pull(i, underlying(t->src[1]), [&](const ggml_tensor * w) {
+                return named(w, "_shexp") && !(matvec && named(w, "ffn_gate_inp_shexp"));
+            });
+        }
+    }
+    if (groups.empty()) {
+        return;
+    }
     std::unordered_map<const ggml_tensor *, int> at;
     at.reserve(n);
     for (int i = 0; i < n; ++i) {
@@ -72,72 +87,6 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
                 }
             }
         }
-    }
-    // RMS_NORM, then its weight MUL: the MUL's dense matvec readers follow it.
-    std::vector<flashrt_pull_group> groups;
-    for (int i = 0; i + 1 < n; ++i) {
-        const ggml_tensor * norm = cgraph->nodes[i];
-        const ggml_tensor * mul  = cgraph->nodes[i + 1];
-        if (norm->op != GGML_OP_RMS_NORM || mul->op != GGML_OP_MUL || (mul->src[0] != norm && mul->src[1] != norm)) {
-            continue;
-        }
-        // A layer's readers of its normed value lie within a few hundred nodes (~45 in a Gated
-        // DeltaNet layer): the bound keeps this pass linear in the graph.
-        flashrt_pull_group group{ i + 1, {} };
-        for (int j = i + 2; j < n && j < i + 2 + 400; ++j) {
-            const ggml_tensor * t = cgraph->nodes[j];
-            if (t->op != GGML_OP_MUL_MAT || t->src[1] != mul) {
-                continue;
-            }
-            const char * window = norm_pack_window(t->src[0]);
-            if (window != nullptr && flashrt_window_runs(window, cc)) {
-                group.members.push_back(j);
-            }
-        }
-        if (!group.members.empty()) {
-            groups.push_back(std::move(group));
-        }
-    }
-    // The router, then the shared expert's gate vector (the same input, the same F32 type).
-    for (int i = 0; matvec && i < n; ++i) {
-        const ggml_tensor * router = cgraph->nodes[i];
-        if (router->op != GGML_OP_MUL_MAT || std::strstr(router->src[0]->name, "ffn_gate_inp.") == nullptr) {
-            continue;
-        }
-        flashrt_pull_group group{ i, {} };
-        for (int j = i + 1; j < n && j < i + 1 + 400; ++j) {
-            const ggml_tensor * t = cgraph->nodes[j];
-            if (t->op == GGML_OP_MUL_MAT && t->src[1] == router->src[1] &&
-                std::strstr(t->src[0]->name, "ffn_gate_inp_shexp") != nullptr) {
-                group.members.push_back(j);
-            }
-        }
-        if (!group.members.empty()) {
-            groups.push_back(std::move(group));
-        }
-    }
-    // The routed experts' gate/up (MUL_MAT_ID of one token's vector V), then the shared expert's
-    // dense matvecs of V (its gate vector goes with the router above when MATVEC runs).
-    for (int i = 0; fold && i < n; ++i) {
-        const ggml_tensor * experts = cgraph->nodes[i];
-        if (experts->op != GGML_OP_MUL_MAT_ID) {
-            continue;
-        }
-        const ggml_tensor * v = underlying(experts->src[1]);
-        flashrt_pull_group  group{ i, {} };
-        for (int j = i + 1; j < n && j < i + 1 + 400; ++j) {
-            const ggml_tensor * t = cgraph->nodes[j];
-            if (t->op == GGML_OP_MUL_MAT && t->src[1] == v && std::strstr(t->src[0]->name, "_shexp") != nullptr &&
-                !(matvec && std::strstr(t->src[0]->name, "ffn_gate_inp_shexp") != nullptr)) {
-                group.members.push_back(j);
-            }
-        }
-        if (!group.members.empty()) {
-            groups.push_back(std::move(group));
-        }
-    }
-    if (groups.empty()) {
-        return;
     }
     const std::vector<int>      order = flashrt_pull_forward(srcs, groups);
     std::vector<ggml_tensor *> nodes(cgraph->nodes, cgraph->nodes + n);

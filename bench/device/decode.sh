@@ -25,7 +25,6 @@ pack_out() {
 }
 trap pack_out EXIT
 # The GEMV windows are tier full until this measurement puts them in safe: force them on.
-gemv_windows=(INPROJ ATTNQKV HEAD SHEXP_FOLD MATVEC)
 force_gemv() { for w in "${gemv_windows[@]}"; do export "FRT_${w}_SWAP=1"; done; }
 keep=/tmp/decode-keep   # survives between the phases' calls on a warm machine
 mkdir -p "$keep"

@@ -41,7 +41,6 @@ if [ "$mode" = verify ]; then
     grep -E "^\|( shape|---| [a-z_]+ \| frt)" "$out/gemv/gemv-bench.md" | cut -d'|' -f2-8,11 | tee -a "$out/summary.txt" || true
 fi
 
-gemv_windows=(INPROJ ATTNQKV HEAD SHEXP_FOLD MATVEC)
 all_windows=(GDN_GATED_NORM SHEXP_GATE "${gemv_windows[@]}")
 swaps() { for w in "$@"; do printf 'FRT_%s_SWAP=1 ' "$w"; done; }
 offs() { for w in "$@"; do printf 'GGML_FLASHRT_NO_%s=1 ' "$w"; done; }
@@ -109,7 +108,8 @@ verify)
     # as single roles).
     if [ -f "$out/gemv-on.launches" ]; then
         last=$(tail -1 "$out/gemv-on.launches" | cut -f1)
-        awk -F'\t' -v p="$last" '$1 == p {n[$2 " | " $4]++} END {for (k in n) print n[k] " x " k}' \
+        awk -F'\t' -v p="$last" '$1 == p {r = $4; gsub(/blk\.[0-9]+\./, "", r); gsub(/\.weight/, "", r); n[$2 " | " r]++}
+            END {for (k in n) print n[k] " x " k}' \
             "$out/gemv-on.launches" | sort -rn | head -30 | tee -a "$out/summary.txt"
         say "launches in that capture: $(awk -F'\t' -v p="$last" '$1 == p' "$out/gemv-on.launches" | wc -l)"
     fi

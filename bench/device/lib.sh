@@ -3,6 +3,10 @@
 #                       exports FLASHRT_COMMIT and unpacks the carried pinned tree
 #   say TEXT...         prints a line and appends it to $out/summary.txt
 #   archive_out NAME    packs $out into $out/all.tgz (the device tool returns few files)
+#   gemv_windows        the decode GEMV windows, for FRT_<NAME>_SWAP=1
+
+# The decode GEMV windows (tier full until measured faster and parity-clean).
+gemv_windows=(INPROJ ATTNQKV HEAD SHEXP_FOLD MATVEC)
 
 device_setup() {
     out=${OUT:-/tmp/$1}

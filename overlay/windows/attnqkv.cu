@@ -6,7 +6,7 @@ flashrt_match flashrt_match_attnqkv(const ggml_cgraph * cgraph, int i) {
     if (const char * miss = flashrt_gemv_match_norm_pack(cgraph, i, pack)) {
         return flashrt_miss(miss);
     }
-    if (!flashrt_gemv_pack_reads(cgraph, pack, { "attn_q.", "attn_k.", "attn_v." })) {
+    if (!flashrt_gemv_pack_reads(cgraph, pack, "ATTNQKV")) {
         return flashrt_miss("no attention q/k/v projection among the readers");
     }
     return flashrt_gemv_match(pack, i, 2);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 // How far after a value its readers are searched. A qwen35moe Gated DeltaNet layer reads its normed
@@ -393,11 +394,11 @@ static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_p
 }
 
 // The launch's line in GGML_FLASHRT_LAUNCH_LOG: the bytes of weights it reads (every expert slot
-// a matrix, as the kernel reads them) and their roles, tensor names without layer and suffix.
+// a matrix, as the kernel reads them) and their tensor names.
 static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, const frt_gemv_args & a,
                        const char * window) {
     uint64_t    bytes = 0;
-    std::string roles;
+    std::string names;
     int         si    = 0;
     for (int p = 0; p < pack.n; ++p) {
         if (pack.there[p]) {
@@ -406,16 +407,9 @@ static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pac
         const frt_gemv_segment & s     = a.seg[si++];
         const int64_t            slots = s.ids != nullptr ? (int64_t) a.tokens * s.n_used : 1;
         bytes += (uint64_t) (slots * s.rows * frt_gemv_row_bytes(s.type, a.k));
-        std::string name = cgraph->nodes[pack.nodes[p]]->src[0]->name;
-        if (name.rfind("blk.", 0) == 0 && name.find('.', 4) != std::string::npos) {
-            name = name.substr(name.find('.', 4) + 1);
-        }
-        if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0) {
-            name.resize(name.size() - 7);
-        }
-        roles += (roles.empty() ? "" : " / ") + name;
+        names += (names.empty() ? "" : " / ") + std::string(cgraph->nodes[pack.nodes[p]]->src[0]->name);
     }
-    flashrt_log_launch(window, bytes, roles);
+    flashrt_log_launch(window, bytes, names);
 }
 
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
@@ -538,14 +532,32 @@ const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, fl
     return kernel_miss(cgraph, pack);
 }
 
-bool flashrt_gemv_pack_reads(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
-                             std::initializer_list<const char *> parts) {
-    for (int p = 0; p < pack.n; ++p) {
-        const char * name = cgraph->nodes[pack.nodes[p]]->src[0]->name;
+const char * flashrt_gemv_norm_pack_window(const ggml_tensor * w) {
+    const auto any = [w](std::initializer_list<const char *> parts) {
         for (const char * part : parts) {
-            if (std::strstr(name, part) != nullptr) {
+            if (std::strstr(w->name, part) != nullptr) {
                 return true;
             }
+        }
+        return false;
+    };
+    if (any({ "attn_qkv", "ssm_alpha", "ssm_beta", "ssm_ba", "attn_gate" })) {
+        return "INPROJ";
+    }
+    if (any({ "attn_q.", "attn_k.", "attn_v." })) {
+        return "ATTNQKV";
+    }
+    if (std::strcmp(w->name, "output.weight") == 0 || std::strcmp(w->name, "token_embd.weight") == 0) {
+        return "HEAD";
+    }
+    return nullptr;
+}
+
+bool flashrt_gemv_pack_reads(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, const char * window) {
+    for (int p = 0; p < pack.n; ++p) {
+        const char * of = flashrt_gemv_norm_pack_window(cgraph->nodes[pack.nodes[p]]->src[0]);
+        if (of != nullptr && std::strcmp(of, window) == 0) {
+            return true;
         }
     }
     return false;

@@ -10,7 +10,6 @@
 
 #include "gemv.cuh"
 
-#include <initializer_list>
 
 struct flashrt_gemv_pack {
     int  n = 0;                            // MUL_MAT nodes, ascending
@@ -76,7 +75,11 @@ enum class flashrt_gemv_fold {
 const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_fold fold,
                                            flashrt_gemv_pack & pack);
 
-// Whether any weight of the pack has a name containing one of `parts` (llama.cpp's GGUF tensor
-// names, e.g. "attn_qkv"): how the norm-fed windows tell a layer's projections apart.
-bool flashrt_gemv_pack_reads(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
-                             std::initializer_list<const char *> parts);
+// The norm-fed window whose pack a matvec of weight `w` joins, by llama.cpp's GGUF tensor names:
+// "INPROJ" (a Gated DeltaNet layer's input projections), "ATTNQKV" (q/k/v), "HEAD" (the LM head,
+// or the token embeddings when tied), else nullptr. Also what the graph-optimize hook moves.
+const char * flashrt_gemv_norm_pack_window(const ggml_tensor * w);
+
+// Whether any weight of the pack belongs to `window` (flashrt_gemv_norm_pack_window): how the
+// norm-fed windows tell a layer's projections apart.
+bool flashrt_gemv_pack_reads(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, const char * window);

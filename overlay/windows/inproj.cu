@@ -6,7 +6,7 @@ flashrt_match flashrt_match_inproj(const ggml_cgraph * cgraph, int i) {
     if (const char * miss = flashrt_gemv_match_norm_pack(cgraph, i, pack)) {
         return flashrt_miss(miss);
     }
-    if (!flashrt_gemv_pack_reads(cgraph, pack, { "attn_qkv", "ssm_alpha", "ssm_beta", "ssm_ba", "attn_gate" })) {
+    if (!flashrt_gemv_pack_reads(cgraph, pack, "INPROJ")) {
         return flashrt_miss("no Gated DeltaNet input projection among the readers");
     }
     return flashrt_gemv_match(pack, i, 2);

@@ -1,11 +1,14 @@
 //! The overlay's launch log (`GGML_FLASHRT_LAUNCH_LOG=<file>`, overlay/diagnostics.cu): one line
 //! per weight-reading launch a window makes while the node loop runs (captures, uncaptured
-//! evaluations), never on CUDA graph replays: `pass \t window \t bytes \t roles`. A step replays
+//! evaluations), never on CUDA graph replays: `pass \t window \t bytes \t weights` (tensor names
+//! joined by ` / `). A step replays
 //! one capture, so the k-th logged kernel of a steady step is the k-th launch of a pass with as
 //! many launches: that is how the GEMV windows' kernels get their bytes, which their grid (one
 //! block an SM) cannot tell.
 
 use anyhow::{bail, Context, Result};
+
+use super::weights::role_of;
 
 /// The kernels whose launches the log describes, in the order they run (vendor/csrc/gemv*).
 const LOGGED_KERNELS: &[&str] = &["frt_gemv_registers_kernel", "frt_gemv_bulk_kernel"];
@@ -31,9 +34,9 @@ pub fn parse(text: &str) -> Result<Vec<Vec<LoggedLaunch>>> {
             continue;
         }
         let fields: Vec<&str> = line.split('\t').collect();
-        let [pass, window, bytes, roles] = fields[..] else {
+        let [pass, window, bytes, names] = fields[..] else {
             bail!(
-                "launch log line {}: {} tab-separated fields, expected 4 (pass, window, bytes, roles)",
+                "launch log line {}: {} tab-separated fields, expected 4 (pass, window, bytes, weights)",
                 n + 1,
                 fields.len()
             );
@@ -46,7 +49,11 @@ pub fn parse(text: &str) -> Result<Vec<Vec<LoggedLaunch>>> {
             bytes: bytes
                 .parse()
                 .with_context(|| format!("launch log line {}: bytes {bytes:?}", n + 1))?,
-            roles: roles.to_owned(),
+            roles: names
+                .split(" / ")
+                .map(role_of)
+                .collect::<Vec<_>>()
+                .join(" / "),
         };
         match passes.iter_mut().find(|(p, _)| *p == pass) {
             Some((_, launches)) => launches.push(launch),
@@ -91,8 +98,8 @@ mod tests {
 
     #[test]
     fn lines_group_by_pass_in_order() {
-        let text =
-            "3\tINPROJ\t100\tattn_qkv / attn_gate\n3\tHEAD\t7\toutput\n\n5\tMATVEC\t9\tssm_out\n";
+        let text = "3\tINPROJ\t100\tblk.0.attn_qkv.weight / blk.0.attn_gate.weight\n\
+                    3\tHEAD\t7\toutput.weight\n\n5\tMATVEC\t9\tblk.7.ssm_out.weight\n";
         let passes = parse(text).unwrap();
         assert_eq!(
             passes,

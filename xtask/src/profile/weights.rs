@@ -35,14 +35,7 @@ pub struct WeightTensor {
 impl WeightTensor {
     /// The name without its layer: `blk.3.ffn_up_exps.weight` → `ffn_up_exps`.
     pub fn role(&self) -> String {
-        let name = self.name.strip_suffix(".weight").unwrap_or(&self.name);
-        match name.strip_prefix("blk.") {
-            Some(rest) => rest
-                .split_once('.')
-                .map_or(rest, |(_, role)| role)
-                .to_owned(),
-            None => name.to_owned(),
-        }
+        role_of(&self.name)
     }
 
     fn rows(&self) -> u64 {
@@ -92,6 +85,18 @@ enum WeightType {
     GgmlType(usize),
     /// An element type argument (float, half, nv_bfloat16).
     Element(usize),
+}
+
+/// A tensor name without its layer and suffix: `blk.3.ffn_up_exps.weight` → `ffn_up_exps`.
+pub fn role_of(name: &str) -> String {
+    let name = name.strip_suffix(".weight").unwrap_or(name);
+    match name.strip_prefix("blk.") {
+        Some(rest) => rest
+            .split_once('.')
+            .map_or(rest, |(_, role)| role)
+            .to_owned(),
+        None => name.to_owned(),
+    }
 }
 
 /// The weight-reading kernels; a new one joins with a line here.
