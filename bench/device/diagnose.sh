@@ -9,7 +9,8 @@
 #   diagnose.sh verify    the vendor tests and gemv-bench at 1 token (register vs bulk kernel),
 #                         meanwhile the build; parity with the GEMV windows on (4-layer, then
 #                         40-layer), tg64 stock vs the GEMV windows with FRT_STATS (window hits,
-#                         node-loop passes and host time in the begin-graph hook)
+#                         node-loop passes and host time in the begin-graph hook, the launch log,
+#                         why HEAD missed), parity with each GEMV window alone (4-layer)
 # Usage (device, repository root): bench/device/diagnose.sh windows|verify. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
@@ -103,7 +104,7 @@ verify)
     say "| setting | tg64 tok/s |"
     say "|---|---:|"
     tg stock GGML_CUDA_FLASHRT_DISABLE=1
-    tg gemv-on FRT_STATS=1 GGML_FLASHRT_LAUNCH_LOG=$out/gemv-on.launches $(swaps "${gemv_windows[@]}")
+    tg gemv-on FRT_STATS=1 GGML_FLASHRT_DEBUG=1 GGML_FLASHRT_LAUNCH_LOG=$out/gemv-on.launches $(swaps "${gemv_windows[@]}")
     # The launches of the last capture: which matvecs each one served (a pack that split shows up
     # as single roles).
     if [ -f "$out/gemv-on.launches" ]; then
@@ -114,7 +115,13 @@ verify)
         say "launches in that capture: $(awk -F'\t' -v p="$last" '$1 == p' "$out/gemv-on.launches" | wc -l)"
     fi
     grep -h "FlashRT stats: " "$out/tg-gemv-on.err" | grep -v "hits        0" | tee -a "$out/summary.txt" || true
+    # Why the LM head's window missed, if it did.
+    grep -h "HEAD" "$out/tg-gemv-on.err" | grep -v "FlashRT stats" | sort | uniq -c | sort -rn | head -5 \
+        | tee -a "$out/summary.txt" || true
     parity_header
+    for w in "${gemv_windows[@]}"; do
+        parity "$w alone, 4 layers" "$small" $(swaps "$w")
+    done
     parity "GEMV windows, 40 layers" "$model" $(swaps "${gemv_windows[@]}")
     ;;
 *)
