@@ -11,11 +11,14 @@
 #                         40-layer), tg64 stock vs the GEMV windows with FRT_STATS (window hits,
 #                         node-loop passes and host time in the begin-graph hook, the launch log,
 #                         why HEAD missed), parity with each GEMV window alone (4-layer)
-# Usage (device, repository root): bench/device/diagnose.sh windows|verify. Needs .xtask/device/
+#   diagnose.sh attribute cargo xtask parity on the 4-layer model with MATVEC alone: PDL off, the
+#                         register kernel's PDL variants, then limited to one weight role at a
+#                         time (GGML_FLASHRT_GEMV_ONLY): which matvec moves the logits off stock's
+# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-mode=${1:?usage: diagnose.sh windows|verify}
+mode=${1:?usage: diagnose.sh windows|verify|attribute}
 . bench/device/lib.sh
 device_setup "diagnose-$mode"
 start=$(date +%s)
@@ -60,13 +63,14 @@ parity() {
     local name=$1 m=$2; shift 2
     late "parity $name" && return 0
     if env FRT_STATS=1 "$@" "$xtask" parity --model "$m" --arch 90a > "$out/parity-$name.log" 2>&1; then v=pass; else v=FAIL; fi
-    row=$(grep '^| overlay vs stock' "$out/parity-$name.log" | awk -F'|' '{print $5 "|" $7}')
+    # Position 0 has no history: a difference there is the decode step's own.
+    row=$(grep '^| overlay vs stock' "$out/parity-$name.log" | awk -F'|' '{print $4 "|" $5 "|" $7}')
     ref=$(grep '^| fusion off vs stock' "$out/parity-$name.log" | awk -F'|' '{print $5}')
-    say "| $name | ${row%%|*} | $ref | ${row#*|} | $v |"
+    say "| $name | $row | $ref | $v |"
 }
 parity_header() {
-    say "| parity | mean NMSE overlay vs stock | fusion off vs stock | top-1 overlay | verdict |"
-    say "|---|---:|---:|---:|---|"
+    say "| parity | NMSE at position 0 | mean NMSE overlay vs stock | top-1 overlay | fusion off vs stock | verdict |"
+    say "|---|---:|---:|---:|---:|---|"
 }
 
 # shellcheck disable=SC2046  # one word per switch
@@ -124,8 +128,19 @@ verify)
     done
     parity "GEMV windows, 40 layers" "$model" $(swaps "${gemv_windows[@]}")
     ;;
+attribute)
+    parity_header
+    parity "MATVEC alone" "$small" FRT_MATVEC_SWAP=1
+    parity "MATVEC alone, PDL off" "$small" FRT_MATVEC_SWAP=1 GGML_CUDA_PDL=0
+    parity "MATVEC alone, dependents at exit, no preload" "$small" FRT_MATVEC_SWAP=1 FRT_GEMV_LAB=3
+    for role in attn_qkv attn_gate ssm_alpha,ssm_beta ssm_out ffn_gate_inp. ffn_gate_inp_shexp \
+        ffn_gate_exps,ffn_up_exps ffn_down_exps ffn_gate_shexp,ffn_up_shexp ffn_down_shexp \
+        attn_q.,attn_k.,attn_v. attn_output output.weight; do
+        parity "MATVEC on $role" "$small" FRT_MATVEC_SWAP=1 GGML_FLASHRT_GEMV_ONLY=$role
+    done
+    ;;
 *)
-    echo "usage: diagnose.sh windows|verify"; exit 2 ;;
+    echo "usage: diagnose.sh windows|verify|attribute"; exit 2 ;;
 esac
 # Few files come back from the device: everything in one archive, beside the summary.
 tar -czf /tmp/diagnose.tgz -C "$out" . && cp "$out/summary.txt" /tmp/diagnose-summary.txt \

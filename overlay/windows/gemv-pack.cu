@@ -8,6 +8,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 // How far after a value its readers are searched. A qwen35moe Gated DeltaNet layer reads its normed
 // input ~45 nodes after the norm; the bound keeps the begin-graph hook's predicate pass linear.
@@ -69,9 +70,39 @@ static bool same_vector(const ggml_tensor * a, const ggml_tensor * b) {
                       ggml_is_contiguous(a) && ggml_is_contiguous(b));
 }
 
+// GGML_FLASHRT_GEMV_ONLY=part[,part...] (diagnostic): the GEMV windows take only weights whose
+// name contains one of the parts, to find which matvec moves the logits off stock's.
+static bool named_in_gemv_only(const ggml_tensor * w) {
+    static const std::vector<std::string> parts = [] {
+        std::vector<std::string> v;
+        const char *             env = std::getenv("GGML_FLASHRT_GEMV_ONLY");
+        for (const char * p = env; p != nullptr && *p != '\0';) {
+            const char * comma = std::strchr(p, ',');
+            const size_t n     = comma != nullptr ? (size_t) (comma - p) : std::strlen(p);
+            if (n > 0) {
+                v.emplace_back(p, n);
+            }
+            p = comma != nullptr ? comma + 1 : nullptr;
+        }
+        return v;
+    }();
+    if (parts.empty()) {
+        return true;
+    }
+    for (const std::string & part : parts) {
+        if (std::strstr(w->name, part.c_str()) != nullptr) {
+            return true;
+        }
+    }
+    return false;
+}
+
 const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor * input) {
     if (mm->op != GGML_OP_MUL_MAT && mm->op != GGML_OP_MUL_MAT_ID) {
         return "a reader is not a matvec";
+    }
+    if (!named_in_gemv_only(mm->src[0])) {
+        return "the weight is not named in GGML_FLASHRT_GEMV_ONLY";
     }
     if (!same_vector(mm->src[1], input) && mm->src[1] != input) {
         return "a matvec reads another input";
