@@ -14,11 +14,16 @@
 #   diagnose.sh attribute cargo xtask parity on the 4-layer model with MATVEC alone: PDL off, the
 #                         register kernel's PDL variants, then limited to one weight role at a
 #                         time (GGML_FLASHRT_GEMV_ONLY): which matvec moves the logits off stock's
-# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute. Needs .xtask/device/
+#   diagnose.sh yardstick flashrt-logits on the 4-layer model for stock, stock with fusion off,
+#                         the GEMV windows, attn_qkv alone (GGML_FLASHRT_GEMV_ONLY) and the CPU
+#                         backend, each compared with stock (bench/tools/logits-compare.py): how far
+#                         another backend's rounding moves the logits; then tg128 stock vs the
+#                         GEMV windows on the 40-layer model
+# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-mode=${1:?usage: diagnose.sh windows|verify|attribute}
+mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick}
 . bench/device/lib.sh
 device_setup "diagnose-$mode"
 start=$(date +%s)
@@ -139,8 +144,36 @@ attribute)
         parity "MATVEC on $role" "$small" FRT_MATVEC_SWAP=1 GGML_FLASHRT_GEMV_ONLY=$role
     done
     ;;
+yardstick)
+    parity_header
+    parity "GEMV windows, 4 layers" "$small" $(swaps "${gemv_windows[@]}")  # also builds flashrt-logits
+    text=.xtask/hosts/llama.cpp/pristine/README.md
+    logits() {  # name, then the environment
+        local name=$1; shift
+        late "logits $name" && return 0
+        env "$@" "$bin/flashrt-logits" "$small" "$text" 256 "/tmp/$name.logits" "${NGL:-99}" \
+            > "$out/logits-$name.log" 2>&1 || say "logits $name FAILED"
+    }
+    logits stock GGML_CUDA_FLASHRT_DISABLE=1
+    logits fusion-off GGML_CUDA_FLASHRT_DISABLE=1 GGML_CUDA_DISABLE_FUSION=1
+    logits gemv-on FRT_STATS=1 GGML_FLASHRT_LAUNCH_LOG=$out/gemv-on.launches $(swaps "${gemv_windows[@]}")
+    logits attn-qkv-alone FRT_MATVEC_SWAP=1 GGML_FLASHRT_GEMV_ONLY=attn_qkv
+    NGL=0 logits cpu CUDA_VISIBLE_DEVICES=
+    runs=()
+    for r in fusion-off gemv-on attn-qkv-alone cpu; do
+        [ -f "/tmp/$r.logits" ] && runs+=("$r=/tmp/$r.logits")
+    done
+    python3 bench/tools/logits-compare.py /tmp/stock.logits "${runs[@]}" | tee -a "$out/summary.txt"
+    # Which node-loop passes launched GEMV kernels (pass 1 serves position 0).
+    [ -f "$out/gemv-on.launches" ] && cut -f1 "$out/gemv-on.launches" | uniq -c | head -5 | tee -a "$out/summary.txt"
+    say "| setting | tg128 tok/s |"
+    say "|---|---:|"
+    TG_N=128 tg stock GGML_CUDA_FLASHRT_DISABLE=1
+    TG_N=128 tg default GGML_CUDA_FLASHRT_DISABLE=0
+    TG_N=128 tg gemv-on $(swaps "${gemv_windows[@]}")
+    ;;
 *)
-    echo "usage: diagnose.sh windows|verify|attribute"; exit 2 ;;
+    echo "usage: diagnose.sh windows|verify|attribute|yardstick"; exit 2 ;;
 esac
 # Few files come back from the device: everything in one archive, beside the summary.
 tar -czf /tmp/diagnose.tgz -C "$out" . && cp "$out/summary.txt" /tmp/diagnose-summary.txt \
