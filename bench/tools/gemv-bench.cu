@@ -836,12 +836,21 @@ int main(int argc, char ** argv) {
         }
         shape_weights weights = make_weights(s, stream_mib, rng, stream);
         for (int t : tokens) {
-            // "frt": what frt_gemv picks; "frt-bulk": the bulk kernel beside it at 1 token.
-            for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_AUTO, FRT_GEMV_KERNEL_BULK }) {
-                if (kernel == FRT_GEMV_KERNEL_BULK && t != 1) {
+            // "frt": what frt_gemv picks; "frt-bulk", "frt-exact": the bulk kernel and the exact one
+            // (mmvq's order; GGUF Q4_K/Q6_K/Q8_0 only) beside it at 1 token.
+            const bool exact_takes = std::all_of(s.segs.begin(), s.segs.end(), [](const seg_spec & sp) {
+                return sp.type == Q4 || ((sp.type == Q6 || sp.type == Q8) && (sp.gguf || sp.experts));
+            });
+            for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_AUTO, FRT_GEMV_KERNEL_BULK, FRT_GEMV_KERNEL_EXACT }) {
+                if (kernel != FRT_GEMV_KERNEL_AUTO && t != 1) {
                     continue;
                 }
-                const std::string impl = kernel == FRT_GEMV_KERNEL_AUTO ? "frt" : "frt-bulk";
+                if (kernel == FRT_GEMV_KERNEL_EXACT && !exact_takes) {
+                    continue;
+                }
+                const std::string impl = kernel == FRT_GEMV_KERNEL_AUTO   ? "frt"
+                                         : kernel == FRT_GEMV_KERNEL_BULK ? "frt-bulk"
+                                                                          : "frt-exact";
                 result            r    = run_shape(
                     s, weights, t, replays, graph_ms, rng, stream,
                     [kernel](const frt_gemv_args & a, cudaStream_t st) { return frt_gemv(a, st, kernel); },

@@ -287,11 +287,14 @@ static bool late_for_test() {
     return late;
 }
 
-// GGML_FLASHRT_GEMV_KERNEL=bulk|registers: which frt_gemv kernel the GEMV windows run (default:
-// frt_gemv's choice), so that both can be profiled in one build.
-static frt_gemv_kernel gemv_kernel() {
+// GGML_FLASHRT_GEMV_KERNEL=exact|registers|bulk: one frt_gemv kernel for every launch of the
+// GEMV windows, so that each can be measured in one build. Unset: see pack_kernel.
+static frt_gemv_kernel kernel_override() {
     static const frt_gemv_kernel kernel = [] {
         const char * v = std::getenv("GGML_FLASHRT_GEMV_KERNEL");
+        if (v != nullptr && std::strcmp(v, "exact") == 0) {
+            return FRT_GEMV_KERNEL_EXACT;
+        }
         if (v != nullptr && std::strcmp(v, "bulk") == 0) {
             return FRT_GEMV_KERNEL_BULK;
         }
@@ -301,6 +304,20 @@ static frt_gemv_kernel gemv_kernel() {
         return FRT_GEMV_KERNEL_AUTO;
     }();
     return kernel;
+}
+
+// The kernel of a launch whose arguments (GGUF layouts) are `a`. Inside the layers, the exact
+// kernel wherever it takes the launch: its sums are stock's bit for bit, and decode amplifies any
+// other rounding into logits that leave stock's (cargo xtask parity). The LM head's output is
+// amplified by nothing, so it keeps frt_gemv's fastest kernel.
+static frt_gemv_kernel pack_kernel(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, const frt_gemv_args & a) {
+    if (kernel_override() != FRT_GEMV_KERNEL_AUTO) {
+        return kernel_override();
+    }
+    if (!flashrt_gemv_pack_reads(cgraph, pack, "HEAD") && frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) == nullptr) {
+        return FRT_GEMV_KERNEL_EXACT;
+    }
+    return FRT_GEMV_KERNEL_AUTO;
 }
 
 // Whether the norm's input and weight stay as they are from node `from` until node `until`, so that a
@@ -344,7 +361,8 @@ flashrt_gemv_pack flashrt_gemv_pack_of(const flashrt_match & m, int i, bool norm
     return pack;
 }
 
-// The launch's arguments; with ctx, dense Q6_K/Q8_0 weights come from the repack cache when there.
+// The launch's arguments; with ctx, dense Q6_K/Q8_0 weights come from the repack cache when there
+// (for the kernels that read the repacked layouts: not the exact one).
 static void fill_args(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                       frt_gemv_args & a) {
     a = frt_gemv_args();
@@ -414,7 +432,7 @@ static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_p
     frt_gemv_args a;
     fill_args(nullptr, cgraph, pack, a);
     if (a.n_segments > 0) {
-        if (const char * miss = frt_gemv_unsupported(a, gemv_kernel())) {
+        if (const char * miss = frt_gemv_unsupported(a, pack_kernel(cgraph, pack, a))) {
             return miss;
         }
     }
@@ -426,7 +444,7 @@ static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_p
         one.norm = pack.norm;
         one.nodes[one.n++] = pack.nodes[p];
         fill_args(nullptr, cgraph, one, a);
-        if (const char * miss = frt_gemv_unsupported(a, gemv_kernel())) {
+        if (const char * miss = frt_gemv_unsupported(a, pack_kernel(cgraph, one, a))) {
             return miss;
         }
     }
@@ -455,11 +473,15 @@ static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pac
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                            const char * window) {
     frt_gemv_args a;
-    fill_args(&ctx, cgraph, pack, a);
+    fill_args(nullptr, cgraph, pack, a);
     if (a.n_segments == 0) {
         return;  // every matvec is computed where it stands
     }
-    FLASHRT_CHECK(window, frt_gemv(a, ctx.stream(), gemv_kernel()));
+    const frt_gemv_kernel kernel = pack_kernel(cgraph, pack, a);
+    if (kernel != FRT_GEMV_KERNEL_EXACT) {
+        fill_args(&ctx, cgraph, pack, a);
+    }
+    FLASHRT_CHECK(window, frt_gemv(a, ctx.stream(), kernel));
     if (flashrt_launch_log_enabled()) {
         log_launch(cgraph, pack, a, window);
     }
@@ -475,6 +497,11 @@ void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph *
 
 void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
                                const flashrt_gemv_pack & pack) {
+    frt_gemv_args a;
+    fill_args(nullptr, cgraph, pack, a);
+    if (a.n_segments > 0 && pack_kernel(cgraph, pack, a) == FRT_GEMV_KERNEL_EXACT) {
+        return;  // it reads the GGUF layouts
+    }
     for (int p = 0; p < pack.n; ++p) {
         const ggml_tensor * node = cgraph->nodes[pack.nodes[p]];
         if (!is_expert_matvec(node) && flashrt_repack_supported(node->src[0], flashrt_layout::gemv)) {

@@ -1228,6 +1228,9 @@ template <int T> static cudaError_t gemv_launch_tokens(const frt_gemv_args & a, 
     }
 }
 
+// The exact kernel (gemv-exact.cu): args already checked by frt_gemv_unsupported(args, EXACT).
+cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream);
+
 // Defined in gemv-tokens{1,2,4,8}.cu.
 cudaError_t frt_gemv_launch_tokens1(const frt_gemv_args & a, int direct, cudaStream_t stream);
 cudaError_t frt_gemv_launch_tokens2(const frt_gemv_args & a, int direct, cudaStream_t stream);

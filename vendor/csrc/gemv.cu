@@ -215,11 +215,43 @@ static const char * gemv_bulk_unsupported(const frt_gemv_args & a) {
     return frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem);
 }
 
+static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
+    gemv_params p;
+    int         stage_bytes = 0, direct = -1;
+    if (const char * why = gemv_check(a, stage_bytes, direct, p)) {
+        return why;
+    }
+    if (a.tokens != 1) {
+        return "frt_gemv: the exact kernel takes one token";
+    }
+    bool q8 = false, f32 = false;
+    for (int i = 0; i < a.n_segments; ++i) {
+        const frt_gemv_type t = a.seg[i].type;
+        if (t != FRT_GEMV_Q4_K && t != FRT_GEMV_Q6_K && t != FRT_GEMV_Q8_0 && t != FRT_GEMV_F32) {
+            return "frt_gemv: the exact kernel takes GGUF Q4_K, Q6_K, Q8_0 and F32 weights";
+        }
+        if (a.seg[i].row_stride != frt_gemv_row_bytes(t, a.k)) {
+            return "frt_gemv: the exact kernel takes contiguous rows";
+        }
+        q8  = q8 || t != FRT_GEMV_F32;
+        f32 = f32 || t == FRT_GEMV_F32;
+    }
+    const int64_t n_vec = (int64_t) a.tokens * a.x_per_token;
+    if ((q8 ? n_vec * a.k + n_vec * (a.k / 32) * (int64_t) sizeof(uint2) : 0) +
+            (a.norm != nullptr ? n_vec * a.k * (int64_t) sizeof(float) : 0) +
+            (f32 ? n_vec * a.k * (int64_t) sizeof(float) : 0) >
+        kMaxSmem) {
+        return "frt_gemv: the inputs do not fit in shared memory";
+    }
+    return nullptr;
+}
+
 const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
     switch (kernel) {
         case FRT_GEMV_KERNEL_AUTO:
         case FRT_GEMV_KERNEL_REGISTERS: return gemv_registers_unsupported(a);
         case FRT_GEMV_KERNEL_BULK:      return gemv_bulk_unsupported(a);
+        case FRT_GEMV_KERNEL_EXACT:     return gemv_exact_unsupported(a);
         default:                        return "frt_gemv: unknown kernel";
     }
 }
@@ -513,6 +545,9 @@ cudaError_t frt_gemv_device_info(int device, gemv_device & info) {
 cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream, frt_gemv_kernel kernel) {
     if (kernel == FRT_GEMV_KERNEL_BULK) {
         return frt_gemv_bulk_launch(args, stream);
+    }
+    if (kernel == FRT_GEMV_KERNEL_EXACT) {
+        return gemv_exact_unsupported(args) != nullptr ? cudaErrorInvalidValue : frt_gemv_exact_launch(args, stream);
     }
     if (kernel != FRT_GEMV_KERNEL_AUTO && kernel != FRT_GEMV_KERNEL_REGISTERS) {
         return cudaErrorInvalidValue;

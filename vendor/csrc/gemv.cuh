@@ -136,6 +136,8 @@ enum frt_gemv_kernel : int32_t {
     FRT_GEMV_KERNEL_AUTO = 0,
     FRT_GEMV_KERNEL_REGISTERS,  // weights loaded into registers; 1..8 tokens, any arch
     FRT_GEMV_KERNEL_BULK,       // weights copied by the bulk-copy engine into shared memory; 1 token, sm_90+
+    FRT_GEMV_KERNEL_EXACT,      // every row added in ggml-cuda mmvq's order: bit-identical to stock; 1 token,
+                                // GGUF Q4_K/Q6_K/Q8_0 only (gemv-exact.cu)
 };
 
 // nullptr when frt_gemv supports `args` with `kernel` on the current device; otherwise why not
@@ -146,7 +148,8 @@ enum frt_gemv_kernel : int32_t {
 // x_per_token == 1; at most 64 expert slots a segment; x (normed, quantized and, for float
 // weights, in float) fitting in 99 KB of shared memory (8 tokens x k = 4096 with float weights
 // does not). The bulk kernel: the same but 1 token, any mix of types, and GGUF Q6_K/Q8_0
-// matrices of a multiple of 16 bytes. out and x_normed must not overlap x, norm or w.
+// matrices of a multiple of 16 bytes. The exact kernel: the same checks, 1 token, and only GGUF
+// Q4_K, Q6_K and Q8_0 segments (any mix). out and x_normed must not overlap x, norm or w.
 const char * frt_gemv_unsupported(const frt_gemv_args & args, frt_gemv_kernel kernel = FRT_GEMV_KERNEL_AUTO);
 
 // Launches on `stream` (capture-safe, programmatic dependent launch like ggml-cuda). Returns

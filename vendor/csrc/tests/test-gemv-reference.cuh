@@ -383,4 +383,183 @@ inline output reference(frt_gemv_type t, int k, const double * w, const double *
     return o;
 }
 
+// ---- ggml-cuda's mmvq for one token, operation by operation (the exact kernel's bit check) ----
+//
+// What the exact kernel must equal bit for bit, written from mmvq's arithmetic as ggml-cuda's
+// sm_90a build runs it (its SASS: the products of an item fused into its sums as below). Valid in
+// a build without -use_fast_math, where x / d and max|x| / 127 are correctly rounded and the host
+// can repeat them (under fast math the divisions are approximate); float operations only, each
+// fused multiply-add written as std::fma so that the host compiler cannot choose otherwise.
+
+// x as quantize_q8_1 rounds it: per 32 values d = max|x| / 127, q = round(x / d) (halves away from
+// zero), d kept as a half.
+struct stock_x {
+    std::vector<int8_t> q;
+    std::vector<float>  d;  // per 32-block, the half as float
+};
+
+inline stock_x stock_quantize(const float * x, int k) {
+    stock_x r{ std::vector<int8_t>(k), std::vector<float>(k / 32) };
+    for (int b = 0; b < k / 32; ++b) {
+        float amax = 0.0f;
+        for (int i = 32 * b; i < 32 * b + 32; ++i) {
+            amax = std::max(amax, std::fabs(x[i]));
+        }
+        const float d = amax / 127.0f;
+        for (int i = 32 * b; i < 32 * b + 32; ++i) {
+            r.q[i] = amax == 0.0f ? 0 : (int8_t) std::round(x[i] / d);
+        }
+        r.d[b] = (float) to_half(d);
+    }
+    return r;
+}
+
+inline int32_t load32(const void * p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// __dp4a(a, b, c) on signed bytes, and __vsub4 (bytewise, wrapping).
+inline int32_t dp4a(int32_t a, int32_t b, int32_t c) {
+    for (int j = 0; j < 4; ++j) {
+        c += (int8_t) (a >> (8 * j)) * (int8_t) (b >> (8 * j));
+    }
+    return c;
+}
+
+inline int32_t vsub4(int32_t a, int32_t b) {
+    uint32_t r = 0;
+    for (int j = 0; j < 4; ++j) {
+        r |= (uint32_t) (((a >> (8 * j)) - (b >> (8 * j))) & 0xff) << (8 * j);
+    }
+    return (int32_t) r;
+}
+
+// Item (kbx, iqs) of a row added to a thread's sum acc, as mmvq's vec_dot and its `tmp +=` do.
+inline float mmvq_add_item(frt_gemv_type t, const uint8_t * row, int kbx, int iqs, const stock_x & x, float acc) {
+    const auto xq = [&](int b, int i) { return load32(&x.q[32 * b + 4 * i]); };
+    if (t == FRT_GEMV_Q4_K) {
+        const uint8_t * blk        = row + 144 * kbx;
+        const int       bq8_offset = 2 * ((iqs / 2) / 4), r = (iqs / 2) % 4;
+        const int32_t   v0 = load32(blk + 16 + 16 * bq8_offset + 4 * r), v1 = load32(blk + 32 + 16 * bq8_offset + 4 * r);
+        float           sumf_d = 0.0f, sumf_m = 0.0f;
+        for (int i = 0; i < 2; ++i) {
+            int sc, m;
+            k_scale_min(blk + 4, bq8_offset + i, sc, m);
+            const int     b    = 8 * kbx + bq8_offset + i;
+            const int32_t v0i  = (v0 >> (4 * i)) & 0x0F0F0F0F, v1i = (v1 >> (4 * i)) & 0x0F0F0F0F;
+            const int32_t dot1 = dp4a(v1i, xq(b, r + 4), dp4a(v0i, xq(b, r), 0));
+            const int32_t dot2 = dp4a(0x01010101, xq(b, r + 4), dp4a(0x01010101, xq(b, r), 0));
+            sumf_d = std::fma(x.d[b], (float) (dot1 * sc), sumf_d);
+            sumf_m = std::fma(x.d[b], (float) (dot2 * m), sumf_m);
+        }
+        const float d = (float) half_value(get16(blk)), dmin = (float) half_value(get16(blk + 2));
+        const float dmin_m = dmin * sumf_m;
+        return acc + std::fma(d, sumf_d, -dmin_m);
+    }
+    if (t == FRT_GEMV_Q6_K) {
+        const uint8_t * blk          = row + 210 * kbx;
+        const int       bq8_offset   = 4 * (iqs / 16) + (iqs % 16) / 8;
+        const int       scale_offset = 8 * (iqs / 16) + (iqs % 16) / 4;
+        const int       vh_shift     = 2 * ((iqs % 16) / 8);
+        const int32_t   vl           = load32(blk + 4 * iqs);
+        const int32_t   vh           = load32(blk + 128 + 4 * (8 * (iqs / 16) + iqs % 8)) >> vh_shift;
+        float           sumf         = 0.0f;
+        for (int i = 0; i < 2; ++i) {
+            const int     sc  = (int8_t) blk[192 + scale_offset + 4 * i];
+            const int     b   = 8 * kbx + bq8_offset + 2 * i;
+            const int32_t vil = (vl >> (4 * i)) & 0x0F0F0F0F;
+            const int32_t vih = (int32_t) ((uint32_t) (vh >> (4 * i)) << 4) & 0x30303030;
+            const int32_t vi  = vsub4(vil | vih, 0x20202020);
+            sumf = std::fma(x.d[b], (float) (dp4a(vi, xq(b, iqs % 8), 0) * sc), sumf);
+        }
+        return std::fma(sumf, (float) half_value(get16(blk + 208)), acc);
+    }
+    // Q8_0
+    const uint8_t * blk  = row + 34 * kbx;
+    int32_t         sumi = 0;
+    for (int i = 0; i < 2; ++i) {
+        sumi = dp4a(load32(blk + 2 + 4 * (iqs + i)), xq(kbx, iqs + i), sumi);
+    }
+    const float d01 = (float) half_value(get16(blk)) * x.d[kbx];
+    return std::fma(d01, (float) sumi, acc);
+}
+
+// A row of k columns as mmvq sums it for one token: 4 warps of 32 threads, thread t adding items
+// t, t + 128, ... (per_block threads a block, per_iter blocks a pass), warp 0 adding warps 1..3
+// lane by lane, then the butterfly over the lanes.
+inline float mmvq_row(frt_gemv_type t, int k, const uint8_t * row, const stock_x & x) {
+    const int per_block = t == FRT_GEMV_Q4_K ? 16 : t == FRT_GEMV_Q6_K ? 32 : 4;
+    const int per_iter  = t == FRT_GEMV_Q4_K ? 8 : t == FRT_GEMV_Q6_K ? 4 : 32;
+    const int nb        = k / (t == FRT_GEMV_Q8_0 ? 32 : 256);
+    float     thread[128];
+    for (int th = 0; th < 128; ++th) {
+        const int iqs = t == FRT_GEMV_Q6_K ? th % per_block : 2 * (th % per_block);
+        float     acc = 0.0f;
+        for (int kbx = th / per_block; kbx < nb; kbx += per_iter) {
+            acc = mmvq_add_item(t, row, kbx, iqs, x, acc);
+        }
+        thread[th] = acc;
+    }
+    float lane[32];
+    for (int l = 0; l < 32; ++l) {
+        lane[l] = thread[l];
+        for (int w = 1; w < 4; ++w) {
+            lane[l] += thread[32 * w + l];
+        }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        float next[32];
+        for (int l = 0; l < 32; ++l) {
+            next[l] = lane[l] + lane[l ^ offset];
+        }
+        std::memcpy(lane, next, sizeof lane);
+    }
+    return lane[0];
+}
+
+// An F32 row as mmvf sums it for one token: a block of B threads (the smallest B of 32, 64, ...
+// 256 with the fewest passes over the k / 2 float pairs), thread t adding w * x of pairs t, t + B,
+// ... (x, then y, fused), a butterfly in each warp, then the warps' sums (zeros up to 32 lanes) in
+// one more butterfly when B > 32.
+inline float mmvf_row(int k, const float * w, const float * x) {
+    int block = 32;
+    for (int b = 64, best = (k + 63) / 64; b <= 256; b += 32) {
+        const int passes = (k + 2 * b - 1) / (2 * b);
+        if (passes < best) {
+            best  = passes;
+            block = b;
+        }
+    }
+    const auto butterfly = [](float * lane) {
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            float next[32];
+            for (int l = 0; l < 32; ++l) {
+                next[l] = lane[l] + lane[l ^ offset];
+            }
+            std::memcpy(lane, next, 32 * sizeof(float));
+        }
+    };
+    float warp_sums[32] = {};
+    for (int wp = 0; wp < block / 32; ++wp) {
+        float lane[32];
+        for (int l = 0; l < 32; ++l) {
+            float acc = 0.0f;
+            for (int c = 32 * wp + l; c < k / 2; c += block) {
+                acc = std::fma(w[2 * c], x[2 * c], acc);
+                acc = std::fma(w[2 * c + 1], x[2 * c + 1], acc);
+            }
+            lane[l] = acc;
+        }
+        butterfly(lane);
+        warp_sums[wp] = lane[0];
+    }
+    if (block == 32) {
+        return warp_sums[0];
+    }
+    butterfly(warp_sums);
+    return warp_sums[0];
+}
+
 }  // namespace gemv_ref

@@ -6,7 +6,10 @@
 // run; every output is poisoned with NaN first and every element is checked twice: against the
 // same sum with x rounded to int8 as the kernel rounds it (bound: float rounding only), and
 // against the exact sum (bound: plus d/2 of each 32-block times the |w| it multiplies). The
-// padding between output rows must stay NaN. Needs a GPU; a run prints its seed, which reruns it:
+// padding between output rows must stay NaN. The exact kernel (FRT_GEMV_KERNEL_EXACT) must also
+// give, without a norm, the very bits of ggml-cuda's mmvq (gemv_ref::mmvq_row emulates it operation
+// by operation; this plain build rounds its divisions correctly, so the host repeats them).
+// Needs a GPU; a run prints its seed, which reruns it:
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu vendor/csrc/tests/test-gemv.cu -o test-gemv
 //   ./test-gemv [seed]
 
@@ -82,7 +85,10 @@ struct segment_data {
 };
 
 const char * kernel_name(frt_gemv_kernel kernel) {
-    return kernel == FRT_GEMV_KERNEL_BULK ? "bulk" : kernel == FRT_GEMV_KERNEL_REGISTERS ? "regs" : "auto";
+    return kernel == FRT_GEMV_KERNEL_BULK        ? "bulk"
+           : kernel == FRT_GEMV_KERNEL_REGISTERS ? "regs"
+           : kernel == FRT_GEMV_KERNEL_EXACT     ? "exact"
+                                                 : "auto";
 }
 
 // Runs one case with one kernel; returns true when every output is within its bounds.
@@ -337,9 +343,53 @@ bool run_case(const test_case & tc, frt_gemv_kernel kernel, std::mt19937_64 & rn
             }
         }
     }
-    const bool ok = bad == 0 && repack_ok;
-    std::printf("%-4s %-34s %s k=%5d tokens=%d outputs=%9" PRId64 "  err/bound: int8-rounded %.3f, exact %.3f\n",
-                ok ? "ok" : "FAIL", tc.name.c_str(), kernel_name(kernel), k, T, checked, worst_sharp, worst_exact);
+    // The exact kernel, without a norm (rsqrtf has no host twin): every output bit for bit
+    // ggml-cuda's mmvq, emulated operation by operation (gemv_ref::mmvq_row).
+    int64_t not_identical = 0;
+    if (kernel == FRT_GEMV_KERNEL_EXACT && !tc.norm) {
+        std::vector<gemv_ref::stock_x> sx;
+        for (int v = 0; v < n_vec; ++v) {
+            sx.push_back(gemv_ref::stock_quantize(x.data() + v * x_stride, k));
+        }
+        for (size_t si = 0; si < tc.segs.size(); ++si) {
+            const seg_case &            sc  = tc.segs[si];
+            const segment_data &        sd  = data[si];
+            const std::vector<uint32_t> got = download((const uint32_t *) sd.out, (size_t) sd.n_out * sd.out_stride);
+            for (int o = 0; o < sd.n_out; ++o) {
+                int matrix = 0, vec = o;
+                if (sc.n_experts > 0) {
+                    matrix = ids[o];  // 1 token: slot o is ids[o]
+                    vec    = x_per_token == 1 ? 0 : o;
+                    if (matrix < 0 || matrix >= sc.n_experts) {
+                        continue;  // NaN rows, checked above
+                    }
+                }
+                for (int r = 0; r < sc.rows; ++r) {
+                    const uint8_t * row = sd.weights.data() + ((int64_t) matrix * sc.rows + r) * sd.row_bytes;
+                    float           want =
+                        sc.type == FRT_GEMV_F32
+                            ? gemv_ref::mmvf_row(k, (const float *) row, x.data() + (int64_t) vec * x_stride)
+                            : gemv_ref::mmvq_row(sc.type, k, row, sx[vec]);
+                    if (sc.add) {
+                        want += sd.residual_host[(size_t) o * sd.out_stride + r];
+                    }
+                    uint32_t want_bits;
+                    std::memcpy(&want_bits, &want, 4);
+                    const uint32_t got_bits = got[(size_t) o * sd.out_stride + r];
+                    if (got_bits != want_bits && not_identical++ < 5) {
+                        float y;
+                        std::memcpy(&y, &got_bits, 4);
+                        std::printf("     %s seg %zu out %d row %d: %.9g, mmvq's sum %.9g (not bit-identical)\n",
+                                    tc.name.c_str(), si, o, r, y, want);
+                    }
+                }
+            }
+        }
+    }
+    const bool ok = bad == 0 && repack_ok && not_identical == 0;
+    std::printf("%-4s %-34s %s k=%5d tokens=%d outputs=%9" PRId64 "  err/bound: int8-rounded %.3f, exact %.3f%s\n",
+                ok ? "ok" : "FAIL", tc.name.c_str(), kernel_name(kernel), k, T, checked, worst_sharp, worst_exact,
+                kernel == FRT_GEMV_KERNEL_EXACT && !tc.norm ? ", bits as mmvq's" : "");
 
     for (segment_data & sd : data) {
         for (void * p : sd.allocations) {
@@ -422,6 +472,15 @@ bool run_refusals() {
               a.tokens      = 2;
               a.x_per_token = 8;
           } },
+        { "2 tokens (exact)", [](frt_gemv_args & a) { a.tokens = 2; }, FRT_GEMV_KERNEL_EXACT },
+        { "BF16 weights (exact)", [](frt_gemv_args & a) {
+              a.seg[0].type       = FRT_GEMV_BF16;
+              a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_BF16, 2048);
+          }, FRT_GEMV_KERNEL_EXACT },
+        { "repacked Q6_K (exact)", [](frt_gemv_args & a) {
+              a.seg[0].type       = FRT_GEMV_Q6_K_R;
+              a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K_R, 2048);
+          }, FRT_GEMV_KERNEL_EXACT },
         { "float x of 8 tokens x 4096", [](frt_gemv_args & a) {
               a.k                 = 4096;
               a.x_stride          = 4096;
@@ -561,11 +620,38 @@ int main(int argc, char ** argv) {
         add(c);
     }
 
+    // The exact kernel's own cases: the other odd shapes at 1 token (its K loop of several passes,
+    // small K with idle threads, a Q8_0 row of 64 passes).
+    add({ "q4_K k=4096 (2 passes), 33 rows", 4096, 1, { S{ Q4, 33 } } });
+    add({ "q6_K GGUF k=1280, 19 rows + residual", 1280, 1, { S{ Q6, 19, false, 0, true } } });
+    add({ "q8_0 GGUF k=2048 (passes of 32 blocks)", 2048, 1, { S{ Q8, 65 } } });
+    add({ "q8_0 GGUF k=4096 + q4_K, residual in place", 4096, 1,
+          { S{ Q8, 40, false, 0, true, true }, S{ Q4, 24 } } });
+
+    add({ "f32 k=256 (mmvf's block of 128)", 256, 1, { S{ F32, 70 } } });
+    add({ "f32 k=4096, 33 rows", 4096, 1, { S{ F32, 33 } } });
+
+    // The exact kernel takes 1 token of GGUF Q4_K, Q6_K, Q8_0 and F32 (refusals below).
+    const auto exact_takes = [](const test_case & c) {
+        if (c.tokens != 1) {
+            return false;
+        }
+        for (const seg_case & sc : c.segs) {
+            if (sc.repack || (sc.type != FRT_GEMV_Q4_K && sc.type != FRT_GEMV_Q6_K && sc.type != FRT_GEMV_Q8_0 &&
+                              sc.type != FRT_GEMV_F32)) {
+                return false;
+            }
+        }
+        return true;
+    };
     int failed = 0, total = 0;
     for (const test_case & c : cases) {
-        for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_REGISTERS, FRT_GEMV_KERNEL_BULK }) {
+        for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_REGISTERS, FRT_GEMV_KERNEL_BULK, FRT_GEMV_KERNEL_EXACT }) {
             if (kernel == FRT_GEMV_KERNEL_BULK && c.tokens != 1) {
                 continue;  // the bulk kernel takes 1 token (refusals below)
+            }
+            if (kernel == FRT_GEMV_KERNEL_EXACT && !exact_takes(c)) {
+                continue;
             }
             failed += run_case(c, kernel, rng) ? 0 : 1;
             ++total;

@@ -11,7 +11,11 @@ use anyhow::{bail, Context, Result};
 use super::weights::role_of;
 
 /// The kernels whose launches the log describes, in the order they run (vendor/csrc/gemv*).
-const LOGGED_KERNELS: &[&str] = &["frt_gemv_registers_kernel", "frt_gemv_bulk_kernel"];
+const LOGGED_KERNELS: &[&str] = &[
+    "frt_gemv_registers_kernel",
+    "frt_gemv_bulk_kernel",
+    "frt_gemv_exact_kernel",
+];
 
 /// True for a kernel function whose launches are in the launch log.
 pub fn is_logged(function: &str) -> bool {
