@@ -43,7 +43,7 @@ struct exact_params {
     int           k, n_vec;
     float *       x_out;
     int64_t       x_out_stride;
-    int           n_segments, total_rows, smem_xm, smem_xn, smem_xf;
+    int           n_segments, total_rows, smem_xm, smem_xf;
     int           need_q8, need_f32;
     int           f32_block;  // mmvf's block size for k columns
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
@@ -249,12 +249,12 @@ static __device__ __forceinline__ float exact_warp_sum(float v) {
     return v;
 }
 
-// The RMS-normed vectors as ggml-cuda's fused rms_norm + mul computes them (rms_norm_f32 with
-// do_multiply): a block of B = 1024 threads (256 below 1024 columns), thread t adding the squares
-// of columns t, t + B, ... from 0, a butterfly in each warp, then the B / 32 warp sums (zeros past
-// them) in one more butterfly; mean = sum / k, scale = rsqrtf(mean + eps), value = scale * x * w.
-// Written to xn (n_vec vectors of k floats, shared memory) and, when kept, to x_out.
-static __device__ void exact_norm(const exact_params & p, float * xn, float * x_out) {
+// The RMS norm's scale of each input vector as ggml-cuda's fused rms_norm + mul computes it
+// (rms_norm_f32 with do_multiply): a block of B = 1024 threads (256 below 1024 columns), thread t
+// adding the squares of columns t, t + B, ... from 0, a butterfly in each warp, then the B / 32
+// warp sums (zeros past them) in one more butterfly; mean = sum / k, scale = rsqrtf(mean + eps).
+// The normed value, scale * x * w, is then formed by gemv_prologue_x as stock forms it.
+static __device__ void exact_norm_scales(const exact_params & p, float * scales) {
     __shared__ float warp_sums[32];
     const int        warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int        block = p.k < 1024 ? 256 : 1024;
@@ -275,14 +275,10 @@ static __device__ void exact_norm(const exact_params & p, float * xn, float * x_
         const float sum   = exact_warp_sum(lane < block / 32 ? warp_sums[lane] : 0.0f);
         const float mean  = sum / p.k;
         const float scale = rsqrtf(mean + p.eps);
-        for (int col = threadIdx.x; col < p.k; col += kExactThreads) {
-            const float value      = scale * x[col] * p.norm[col];
-            xn[v * p.k + col]      = value;
-            if (x_out != nullptr) {
-                x_out[v * p.x_out_stride + col] = value;
-            }
+        if (threadIdx.x == 0) {
+            scales[v] = scale;
         }
-        __syncthreads();  // warp_sums is written again for the next vector; xn is read next
+        __syncthreads();  // warp_sums is written again for the next vector; scales is read next
     }
 }
 
@@ -293,13 +289,12 @@ __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel
     frt_pdl_wait();
     // x, normed first when the launch has a norm (the normed vectors, when kept, written by block 0
     // alone), then quantized as stock's quantize_q8_1 does.
-    gemv_x_in in = { p.x, nullptr, p.x_stride, 0.0f, p.k, p.n_vec, p.need_q8, p.need_f32, nullptr, 0 };
+    __shared__ float norm_scales[FRT_GEMV_MAX_TOKENS];
     if (p.norm != nullptr) {
-        float * xn = (float *) (smem + p.smem_xn);
-        exact_norm(p, xn, blockIdx.x == 0 ? p.x_out : nullptr);
-        in.x        = xn;
-        in.x_stride = p.k;
+        exact_norm_scales(p, norm_scales);
     }
+    const gemv_x_in in = { p.x,      p.norm,   p.x_stride, p.eps, p.k, p.n_vec, p.need_q8, p.need_f32,
+                           blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride, norm_scales };
     float * xf = (float *) (smem + p.smem_xf);
     gemv_prologue_x<kExactThreads>(in, xq, xm, xf, threadIdx.x, 0);
     __syncthreads();
@@ -400,11 +395,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         rows += (s.ids != nullptr ? s.n_used : 1) * s.rows;
     }
     p.total_rows = rows;
-    // int8 x first, then a uint2 per 32 values, then (with a norm) the normed vectors in float, then
-    // (F32 weights) x in float.
+    // int8 x first, then a uint2 per 32 values, then (F32 weights) x in float.
     p.smem_xm      = p.need_q8 ? p.n_vec * p.k : 0;
-    p.smem_xn      = p.smem_xm + (p.need_q8 ? p.n_vec * (p.k / 32) * (int) sizeof(uint2) : 0);
-    p.smem_xf      = p.smem_xn + (a.norm != nullptr ? p.n_vec * p.k * (int) sizeof(float) : 0);
+    p.smem_xf      = p.smem_xm + (p.need_q8 ? p.n_vec * (p.k / 32) * (int) sizeof(uint2) : 0);
     const int smem = p.smem_xf + (p.need_f32 ? p.n_vec * p.k * (int) sizeof(float) : 0);
     err = gemv_allow_smem<frt_gemv_exact_kernel>(device, kMaxSmem);
     if (err != cudaSuccess) {

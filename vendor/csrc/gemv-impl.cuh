@@ -921,6 +921,9 @@ struct gemv_x_in {
     int           k, n_vec, need_q8, need_f32;
     float *       x_out;  // non-null: the normed vectors are written here too (one block of the launch)
     int64_t       x_out_stride;
+    // With norm, non-null: each vector's norm scale 1 / rms, computed by the caller (the exact
+    // kernel sums as ggml-cuda's rms_norm does); else the prologue computes it.
+    const float * scale = nullptr;
 };
 
 template <int THREADS>
@@ -930,7 +933,7 @@ static __device__ void gemv_prologue_x(const gemv_x_in & p, int8_t * xq, uint2 *
     const int     lane = tid % 32, warp = tid / 32;
     const int     k4   = p.k / 4;
     __shared__ float partial[kW][FRT_GEMV_MAX_TOKENS];  // sums of squares (norm: n_vec <= 8)
-    if (p.norm != nullptr) {
+    if (p.norm != nullptr && p.scale == nullptr) {
         for (int v = 0; v < p.n_vec; ++v) {
             const float4 * x  = (const float4 *) (p.x + v * p.x_stride);
             float          ss = 0.0f;
@@ -979,11 +982,16 @@ static __device__ void gemv_prologue_x(const gemv_x_in & p, int8_t * xq, uint2 *
             const int v = i / k4, c = i % k4;
             float4    xv = xs[j];
             if (p.norm != nullptr) {
-                float ss = 0.0f;
-                for (int w = 0; w < kW; ++w) {
-                    ss += partial[w][v];
+                float scale;
+                if (p.scale != nullptr) {
+                    scale = p.scale[v];
+                } else {
+                    float ss = 0.0f;
+                    for (int w = 0; w < kW; ++w) {
+                        ss += partial[w][v];
+                    }
+                    scale = rsqrtf(__fdiv_rn(ss, (float) p.k) + p.eps);
                 }
-                const float  scale = rsqrtf(__fdiv_rn(ss, (float) p.k) + p.eps);
                 const float4 nv    = ((const float4 *) p.norm)[c];
                 xv                 = make_float4(xv.x * scale * nv.x, xv.y * scale * nv.y, xv.z * scale * nv.z,
                                                  xv.w * scale * nv.w);

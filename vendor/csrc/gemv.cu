@@ -238,7 +238,6 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
     }
     const int64_t n_vec = (int64_t) a.tokens * a.x_per_token;
     if ((q8 ? n_vec * a.k + n_vec * (a.k / 32) * (int64_t) sizeof(uint2) : 0) +
-            (a.norm != nullptr ? n_vec * a.k * (int64_t) sizeof(float) : 0) +
             (f32 ? n_vec * a.k * (int64_t) sizeof(float) : 0) >
         kMaxSmem) {
         return "frt_gemv: the inputs do not fit in shared memory";

@@ -623,7 +623,7 @@ int main(int argc, char ** argv) {
     // The exact kernel's own cases: the other odd shapes at 1 token (its K loop of several passes,
     // small K with idle threads, a Q8_0 row of 64 passes).
     add({ "q4_K k=4096 (2 passes), 33 rows", 4096, 1, { S{ Q4, 33 } } });
-    add({ "q6_K GGUF k=1280, 19 rows + residual", 1280, 1, { S{ Q6, 19, false, 0, true } } });
+    add({ "q6_K GGUF k=2048 (2 passes), 19 rows + residual", 2048, 1, { S{ Q6, 19, false, 0, true } } });
     add({ "q8_0 GGUF k=2048 (passes of 32 blocks)", 2048, 1, { S{ Q8, 65 } } });
     add({ "q8_0 GGUF k=4096 + q4_K, residual in place", 4096, 1,
           { S{ Q8, 40, false, 0, true, true }, S{ Q4, 24 } } });
