@@ -19,11 +19,15 @@
 #                         backend, each compared with stock (bench/tools/logits-compare.py): how far
 #                         another backend's rounding moves the logits; then tg128 stock vs the
 #                         GEMV windows on the 40-layer model
-# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick. Needs .xtask/device/
+#   diagnose.sh exact     the vendor tests and gemv-bench at 1 token (frt, frt-exact), meanwhile
+#                         the build; parity on the 4-layer model with the GEMV windows on (the exact
+#                         kernel inside the layers, their default), tg128 stock / default / GEMV
+#                         windows / GEMV windows on the register kernel, then 40-layer parity
+# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick}
+mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick|exact}
 . bench/device/lib.sh
 device_setup "diagnose-$mode"
 start=$(date +%s)
@@ -36,14 +40,14 @@ mkdir -p /tmp/models
 [ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1 &
 synth=$!
 [ -f "$small" ] || "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" >> "$out/synth.log" 2>&1
-if [ "$mode" = verify ]; then
+if [ "$mode" = verify ] || [ "$mode" = exact ]; then
     GEMV_LAB=0 OUT=$out/gemv bash bench/device/gemv.sh --tokens 1 > "$out/gemv.log" 2>&1 &
     tests=$!
 fi
 "$xtask" build --arch 90a --targets llama-bench,llama > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 wait $synth
 say "build + models: $(( $(date +%s) - start )) s"
-if [ "$mode" = verify ]; then
+if [ "$mode" = verify ] || [ "$mode" = exact ]; then
     if wait $tests; then r=ok; else r=FAILED; fi
     say "vendor tests + gemv-bench: $r"; grep -E "^test-|^gemv-bench" "$out/gemv/summary.txt" | tee -a "$out/summary.txt" || true
     # Register vs bulk kernel per shape, 1 token.
@@ -172,8 +176,22 @@ yardstick)
     TG_N=128 tg default GGML_CUDA_FLASHRT_DISABLE=0
     TG_N=128 tg gemv-on $(swaps "${gemv_windows[@]}")
     ;;
+exact)
+    parity_header
+    parity "GEMV windows, 4 layers" "$small" $(swaps "${gemv_windows[@]}")
+    grep -h "FAIL" "$out/gemv/tests.txt" | head -10 | tee -a "$out/summary.txt" || true
+    say "| setting | tg128 tok/s |"
+    say "|---|---:|"
+    TG_N=128 tg stock GGML_CUDA_FLASHRT_DISABLE=1
+    TG_N=128 tg default GGML_CUDA_FLASHRT_DISABLE=0
+    TG_N=128 tg gemv-on-exact FRT_STATS=1 GGML_FLASHRT_LAUNCH_LOG=$out/gemv-on.launches $(swaps "${gemv_windows[@]}")
+    TG_N=128 tg gemv-on-registers GGML_FLASHRT_GEMV_KERNEL=registers $(swaps "${gemv_windows[@]}")
+    grep -h "FlashRT stats: " "$out/tg-gemv-on-exact.err" | grep -v "hits        0" | tee -a "$out/summary.txt" || true
+    parity_header
+    parity "GEMV windows, 40 layers" "$model" $(swaps "${gemv_windows[@]}")
+    ;;
 *)
-    echo "usage: diagnose.sh windows|verify|attribute|yardstick"; exit 2 ;;
+    echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact"; exit 2 ;;
 esac
 # Few files come back from the device: everything in one archive, beside the summary.
 tar -czf /tmp/diagnose.tgz -C "$out" . && cp "$out/summary.txt" /tmp/diagnose-summary.txt \

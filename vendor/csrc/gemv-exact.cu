@@ -284,8 +284,25 @@ static __device__ void exact_norm_scales(const exact_params & p, float * scales)
 
 __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel(const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    int8_t * xq = (int8_t *) smem;
-    uint2 *  xm = (uint2 *) (smem + p.smem_xm);
+    int8_t *  xq   = (int8_t *) smem;
+    uint2 *   xm   = (uint2 *) (smem + p.smem_xm);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // Before the wait for the previous kernel (weights are not written by kernels): the warp's
+    // first row into L2, so that its latency overlaps that kernel's tail and the prologue. Expert
+    // rows wait: their ids come from an earlier kernel.
+    if (const int r0 = blockIdx.x * kExactWarps + warp; r0 < p.total_rows) {
+        int si = 0;
+        while (si + 1 < p.n_segments && r0 >= p.seg[si + 1].row_begin) {
+            ++si;
+        }
+        const exact_seg & s = p.seg[si];
+        if (s.ids == nullptr) {
+            const uint8_t * w = s.w + (int64_t) (r0 - s.row_begin) * s.row_stride;
+            for (int64_t at = 128 * lane; at < s.row_stride; at += 32 * 128) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(w + at));
+            }
+        }
+    }
     frt_pdl_wait();
     // x, normed first when the launch has a norm (the normed vectors, when kept, written by block 0
     // alone), then quantized as stock's quantize_q8_1 does.
@@ -300,8 +317,7 @@ __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel
     __syncthreads();
     frt_pdl_launch_dependents();
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int k32  = p.k / 32;
+    const int k32 = p.k / 32;
     for (int r = blockIdx.x * kExactWarps + warp; r < p.total_rows; r += gridDim.x * kExactWarps) {
         int si = 0;
         while (si + 1 < p.n_segments && r >= p.seg[si + 1].row_begin) {
