@@ -21,7 +21,8 @@
 #                         GEMV windows on the 40-layer model
 #   diagnose.sh exact     the vendor tests and gemv-bench at 1 token (frt, frt-exact), meanwhile
 #                         the build; parity on the 4-layer model with the GEMV windows on (the exact
-#                         kernel inside the layers, their default), tg128 stock / default / GEMV
+#                         kernel inside the layers, their default), the FlashRT test-backend-ops
+#                         cases with every window on, tg128 stock / default / GEMV
 #                         windows / GEMV windows on the register kernel, then 40-layer parity
 # Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
@@ -44,7 +45,9 @@ if [ "$mode" = verify ] || [ "$mode" = exact ]; then
     GEMV_LAB=0 OUT=$out/gemv bash bench/device/gemv.sh --tokens 1 > "$out/gemv.log" 2>&1 &
     tests=$!
 fi
-"$xtask" build --arch 90a --targets llama-bench,llama > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+targets=llama-bench,llama
+[ "$mode" = exact ] && targets=$targets,test-backend-ops
+"$xtask" build --arch 90a --targets "$targets" > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 wait $synth
 say "build + models: $(( $(date +%s) - start )) s"
 if [ "$mode" = verify ] || [ "$mode" = exact ]; then
@@ -180,6 +183,12 @@ exact)
     parity_header
     parity "GEMV windows, 4 layers" "$small" $(swaps "${gemv_windows[@]}")
     grep -h "FAIL" "$out/gemv/tests.txt" | head -10 | tee -a "$out/summary.txt" || true
+    # The FlashRT whole-graph cases with every window on (the GEMV windows on the exact kernel).
+    if env GGML_CUDA_FLASHRT_NO_CACHE=1 $(swaps "${all_windows[@]}") "$bin/test-backend-ops" test -b CUDA0 -o 'FLASHRT_.*' > "$out/tbo.txt" 2>&1; then
+        say "test-backend-ops FLASHRT: $(grep -m1 'tests passed' "$out/tbo.txt" | xargs)"
+    else
+        say "test-backend-ops FLASHRT: FAILED"; grep -E "FAIL" "$out/tbo.txt" | head -8 | tee -a "$out/summary.txt"
+    fi
     say "| setting | tg128 tok/s |"
     say "|---|---:|"
     TG_N=128 tg stock GGML_CUDA_FLASHRT_DISABLE=1
