@@ -3,7 +3,7 @@
 //! says why the others are skipped.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -15,6 +15,7 @@ use crate::config::{CellKind, Check, Flavor, Matrix};
 use crate::doctor;
 use crate::patch;
 use crate::project::{step, Project};
+use crate::server::Server;
 use crate::synth::{self, Preset, Quant, SynthArgs};
 use crate::test_backend_ops::{self, TestBackendOpsArgs};
 use crate::toolchain::{self, Cuda, CudaChoice, Provision};
@@ -395,11 +396,16 @@ fn overlay_unit_tests(sh: &Shell, project: &Project) -> Result<()> {
 }
 
 /// The CPU build must run models: a tiny llama written by the host's own test-llama-archs, and
-/// small variants of the synth presets (their metadata and tensors as llama.cpp loads them).
+/// small variants of the synth presets (their metadata and tensors as llama.cpp loads them); and
+/// llama-server, built offline, must answer a completion.
 fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> {
     let bin = built.build_dir.join("bin");
-    let (bench, archs) = (bin.join("llama-bench"), bin.join("test-llama-archs"));
-    for tool in [&bench, &archs] {
+    let (bench, archs, server) = (
+        bin.join("llama-bench"),
+        bin.join("test-llama-archs"),
+        bin.join("llama-server"),
+    );
+    for tool in [&bench, &archs, &server] {
         if !tool.is_file() {
             bail!("the CPU build has no {}", tool.display());
         }
@@ -451,6 +457,31 @@ fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> 
             );
         }
     }
+    serve_once(&server, &to_run[0], &models.join("llama-server.log"))
+}
+
+/// One greedy completion of 4 tokens from llama-server on `model` (-nr: no CPU repack, as above).
+fn serve_once(server: &Path, model: &Path, log: &Path) -> Result<()> {
+    let args: Vec<String> = vec![
+        "-m".into(),
+        model.display().to_string(),
+        "-c".into(),
+        "256".into(),
+        "-np".into(),
+        "2".into(),
+        "-nr".into(),
+    ];
+    println!("llama-server {} ...", args.join(" "));
+    let running = Server::start(server, &args, log, Duration::from_secs(180))?;
+    let answer = running.post_json(
+        "/completion",
+        &serde_json::json!({ "prompt": "Hello", "n_predict": 4, "temperature": 0, "ignore_eos": true }),
+    )?;
+    let predicted = answer["tokens_predicted"].as_u64();
+    if predicted != Some(4) || !answer["content"].is_string() {
+        bail!("llama-server's completion is not 4 tokens of text: {answer}");
+    }
+    println!("llama-server answered: {:?}", answer["content"]);
     Ok(())
 }
 

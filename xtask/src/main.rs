@@ -16,6 +16,7 @@ mod parity;
 mod patch;
 mod profile;
 mod project;
+mod server;
 mod synth;
 mod test_backend_ops;
 mod toolchain;

@@ -1,0 +1,216 @@
+//! llama-server as a child process: started on a free local port, waited for until `/health`
+//! answers, asked over plain HTTP/1.1 (the few requests xtask makes need no client library), and
+//! killed when dropped, so that a failing check never leaves a server behind.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// A running llama-server; killed on drop. Its output goes to `log`.
+pub struct Server {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts `binary` with `args` (a model, context, slots…) on a free port, its stdout and
+    /// stderr in `log`, and waits up to `timeout` for `/health` to answer 200.
+    pub fn start(binary: &Path, args: &[String], log: &Path, timeout: Duration) -> Result<Server> {
+        let port = free_port()?;
+        let out =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out
+            .try_clone()
+            .with_context(|| format!("opening {} twice", log.display()))?;
+        let child = Command::new(binary)
+            .args(args)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let mut server = Server {
+            child,
+            port,
+            log: log.to_owned(),
+        };
+        server.wait_healthy(timeout)?;
+        Ok(server)
+    }
+
+    fn wait_healthy(&mut self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().context("polling llama-server")? {
+                bail!(
+                    "llama-server exited ({status}) before it answered /health; its output is in {}",
+                    self.log.display()
+                );
+            }
+            if let Ok((200, _)) = request(self.port, "GET", "/health", "") {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "llama-server did not answer /health within {} s; its output is in {}",
+                    timeout.as_secs(),
+                    self.log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// POSTs a JSON body to `path` and returns the JSON answer; a status other than 200 is an error.
+    pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Result<serde_json::Value> {
+        let (status, text) = request(self.port, "POST", path, &body.to_string())
+            .with_context(|| format!("POST {path} to llama-server"))?;
+        if status != 200 {
+            bail!("llama-server answered POST {path} with {status}: {text}");
+        }
+        serde_json::from_str(&text)
+            .with_context(|| format!("llama-server's answer to POST {path}: {text}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A local port nobody listens on now (the OS picks it; the server binds it right after).
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free local port")?;
+    Ok(listener
+        .local_addr()
+        .context("reading the free port")?
+        .port())
+}
+
+/// One HTTP/1.1 request with `Connection: close`; returns the status and the body.
+fn request(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).context("connecting")?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(300)))
+        .context("setting a read timeout")?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .context("sending the request")?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .context("reading the answer")?;
+    parse_response(&String::from_utf8_lossy(&answer))
+}
+
+/// The status and body of an HTTP/1.1 response (a `Content-Length` body or one ended by the
+/// connection's close; chunked bodies are joined).
+fn parse_response(text: &str) -> Result<(u16, String)> {
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("an HTTP answer without an end of headers")?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .with_context(|| format!("an HTTP status line without a status: {status_line:?}"))?;
+    let chunked = lines.any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    if !chunked {
+        return Ok((status, body.to_owned()));
+    }
+    let mut joined = String::new();
+    let mut rest = body;
+    loop {
+        let (size, after) = rest
+            .split_once("\r\n")
+            .context("a chunked HTTP body cut short")?;
+        let size = usize::from_str_radix(size.trim(), 16)
+            .with_context(|| format!("a chunk size that is not hexadecimal: {size:?}"))?;
+        if size == 0 {
+            return Ok((status, joined));
+        }
+        let chunk = after
+            .get(..size)
+            .context("a chunk longer than the HTTP body")?;
+        joined.push_str(chunk);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::thread;
+
+    #[test]
+    fn parses_plain_and_chunked_bodies() {
+        let plain = "HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{\"ok\":true}";
+        assert_eq!(
+            parse_response(plain).unwrap(),
+            (200, "{\"ok\":true}".to_owned())
+        );
+        let chunked =
+            "HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n";
+        assert_eq!(
+            parse_response(chunked).unwrap(),
+            (503, "{\"a\":1}".to_owned())
+        );
+        assert!(parse_response("HTTP/1.1 200 OK\r\n").is_err());
+        assert!(parse_response("garbage\r\n\r\n").is_err());
+    }
+
+    /// A one-shot HTTP server on a free port answering `reply` to the first request, which it
+    /// returns.
+    fn fake_server(reply: &'static str) -> (u16, thread::JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let handle = thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = stream.read(&mut buf).unwrap();
+            stream.write_all(reply.as_bytes()).unwrap();
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        });
+        (port, handle)
+    }
+
+    #[test]
+    fn request_sends_the_body_and_reads_the_answer() {
+        let (port, handle) = fake_server("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi");
+        let (status, body) = request(port, "POST", "/completion", "{\"n\":1}").unwrap();
+        assert_eq!((status, body.as_str()), (200, "hi"));
+        let sent = handle.join().unwrap();
+        assert!(sent.starts_with("POST /completion HTTP/1.1\r\n"), "{sent}");
+        assert!(sent.contains("Content-Length: 7\r\n"), "{sent}");
+        assert!(sent.ends_with("\r\n\r\n{\"n\":1}"), "{sent}");
+    }
+
+    #[test]
+    fn a_server_that_exits_is_reported_with_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("server.log");
+        let err = match Server::start(Path::new("false"), &[], &log, Duration::from_secs(10)) {
+            Ok(_) => panic!("`false` is not a server"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(err.contains("exited"), "{err}");
+        assert!(err.contains("server.log"), "{err}");
+    }
+}
