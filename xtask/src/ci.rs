@@ -439,6 +439,7 @@ fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> 
             experts,
             tensor_type,
             mtp,
+            stable: false,
         };
         synth::run(sh, project, args)?;
         to_run.push(out);
