@@ -177,16 +177,32 @@ mod tests {
     }
 
     /// A one-shot HTTP server on a free port answering `reply` to the first request, which it
-    /// returns.
+    /// returns. It reads the whole request first (headers, then Content-Length bytes): closing a
+    /// socket with unread input resets the connection under the client.
     fn fake_server(reply: &'static str) -> (u16, thread::JoinHandle<String>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let handle = thread::spawn(move || {
             let (mut stream, _) = listener.accept().unwrap();
-            let mut buf = vec![0u8; 4096];
-            let n = stream.read(&mut buf).unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            loop {
+                let text = String::from_utf8_lossy(&got).into_owned();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+                    if body.len() >= length {
+                        break;
+                    }
+                }
+                let n = stream.read(&mut buf).unwrap();
+                assert!(n > 0, "the client closed before its request was complete");
+                got.extend_from_slice(&buf[..n]);
+            }
             stream.write_all(reply.as_bytes()).unwrap();
-            String::from_utf8_lossy(&buf[..n]).into_owned()
+            String::from_utf8_lossy(&got).into_owned()
         });
         (port, handle)
     }
