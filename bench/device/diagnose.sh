@@ -24,11 +24,14 @@
 #                         kernel inside the layers, their default), the FlashRT test-backend-ops
 #                         cases with every window on, tg128 stock / default / GEMV
 #                         windows / GEMV windows on the register kernel, then 40-layer parity
-# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact. Needs .xtask/device/
+#   diagnose.sh serve     llama-server on the 40-layer `synth --stable` model: 16 prompts alone,
+#                         then together (bench/tools/server-agreement.py), for stock and for the
+#                         overlay's default: the self-agreement that serve comparisons are judged by
+# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact|serve. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick|exact}
+mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick|exact|serve}
 . bench/device/lib.sh
 device_setup "diagnose-$mode"
 start=$(date +%s)
@@ -47,6 +50,7 @@ if [ "$mode" = verify ] || [ "$mode" = exact ]; then
 fi
 targets=llama-bench,llama
 [ "$mode" = exact ] && targets=$targets,test-backend-ops
+[ "$mode" = serve ] && targets=$targets,llama-server
 "$xtask" build --arch 90a --targets "$targets" > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 wait $synth
 say "build + models: $(( $(date +%s) - start )) s"
@@ -199,8 +203,19 @@ exact)
     parity_header
     parity "GEMV windows, 40 layers" "$model" $(swaps "${gemv_windows[@]}")
     ;;
+serve)
+    stable=/tmp/models/qwen36-stable.gguf
+    [ -f "$stable" ] || "$xtask" synth --preset qwen36-35b-a3b --stable --out "$stable" >> "$out/synth.log" 2>&1
+    for setting in stock default; do
+        late "serve $setting" && continue
+        flag=0; [ $setting = stock ] && flag=1
+        GGML_CUDA_FLASHRT_DISABLE=$flag python3 bench/tools/server-agreement.py "$bin/llama-server" "$stable" 18080 \
+            -- -ngl 99 -fa on > "$out/serve-$setting.txt" 2>&1 || true
+        say "| $setting | $(tail -1 "$out/serve-$setting.txt") |"
+    done
+    ;;
 *)
-    echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact"; exit 2 ;;
+    echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact|serve"; exit 2 ;;
 esac
 # Few files come back from the device: everything in one archive, beside the summary.
 tar -czf /tmp/diagnose.tgz -C "$out" . && cp "$out/summary.txt" /tmp/diagnose-summary.txt \
