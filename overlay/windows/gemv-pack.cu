@@ -361,10 +361,8 @@ flashrt_gemv_pack flashrt_gemv_pack_of(const flashrt_match & m, int i, bool norm
     return pack;
 }
 
-// The launch's arguments; with ctx, dense Q6_K/Q8_0 weights come from the repack cache when there
-// (for the kernels that read the repacked layouts: not the exact one).
-static void fill_args(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
-                      frt_gemv_args & a) {
+// The launch's arguments, every weight in its GGUF layout.
+static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, frt_gemv_args & a) {
     a = frt_gemv_args();
     // Every node of a pack reads the same input: the first describes it.
     const ggml_tensor * first = cgraph->nodes[pack.nodes[0]];
@@ -416,12 +414,29 @@ static void fill_args(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgrap
             s.n_used = (int) ids->ne[0];
             s.n_experts = (int) w->ne[2];
             s.expert_stride = w->nb[2];
-        } else if (ctx != nullptr && flashrt_repack_supported(w, flashrt_layout::gemv)) {
-            if (const void * repacked = flashrt_repack_lookup(*ctx, w, flashrt_layout::gemv)) {
-                s.type = frt_gemv_repacked_type(s.type);
-                s.w = repacked;
-                s.row_stride = frt_gemv_row_bytes(s.type, a.k);
-            }
+        }
+    }
+}
+
+// For the kernels that read repacked layouts (not the exact one): dense Q6_K/Q8_0 weights from
+// the repack cache, where it holds them.
+static void use_repacked(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
+                         frt_gemv_args & a) {
+    int si = 0;
+    for (int p = 0; p < pack.n; ++p) {
+        if (pack.there[p]) {
+            continue;
+        }
+        const ggml_tensor * node = cgraph->nodes[pack.nodes[p]];
+        const ggml_tensor * w    = node->src[0];
+        frt_gemv_segment &  s    = a.seg[si++];
+        if (is_expert_matvec(node) || !flashrt_repack_supported(w, flashrt_layout::gemv)) {
+            continue;
+        }
+        if (const void * repacked = flashrt_repack_lookup(ctx, w, flashrt_layout::gemv)) {
+            s.type       = frt_gemv_repacked_type(s.type);
+            s.w          = repacked;
+            s.row_stride = frt_gemv_row_bytes(s.type, a.k);
         }
     }
 }
@@ -430,7 +445,7 @@ static void fill_args(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgrap
 // What the kernel refuses of the launch at the anchor and of each launch of one node (there).
 static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack) {
     frt_gemv_args a;
-    fill_args(nullptr, cgraph, pack, a);
+    fill_args(cgraph, pack, a);
     if (a.n_segments > 0) {
         if (const char * miss = frt_gemv_unsupported(a, pack_kernel(cgraph, pack, a))) {
             return miss;
@@ -443,7 +458,7 @@ static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_p
         flashrt_gemv_pack one;
         one.norm = pack.norm;
         one.nodes[one.n++] = pack.nodes[p];
-        fill_args(nullptr, cgraph, one, a);
+        fill_args(cgraph, one, a);
         if (const char * miss = frt_gemv_unsupported(a, pack_kernel(cgraph, one, a))) {
             return miss;
         }
@@ -473,13 +488,13 @@ static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pac
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                            const char * window) {
     frt_gemv_args a;
-    fill_args(nullptr, cgraph, pack, a);
+    fill_args(cgraph, pack, a);
     if (a.n_segments == 0) {
         return;  // every matvec is computed where it stands
     }
     const frt_gemv_kernel kernel = pack_kernel(cgraph, pack, a);
     if (kernel != FRT_GEMV_KERNEL_EXACT) {
-        fill_args(&ctx, cgraph, pack, a);
+        use_repacked(ctx, cgraph, pack, a);
     }
     FLASHRT_CHECK(window, frt_gemv(a, ctx.stream(), kernel));
     if (flashrt_launch_log_enabled()) {
@@ -498,7 +513,7 @@ void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph *
 void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
                                const flashrt_gemv_pack & pack) {
     frt_gemv_args a;
-    fill_args(nullptr, cgraph, pack, a);
+    fill_args(cgraph, pack, a);
     if (a.n_segments > 0 && pack_kernel(cgraph, pack, a) == FRT_GEMV_KERNEL_EXACT) {
         return;  // it reads the GGUF layouts
     }

@@ -68,6 +68,15 @@ static __device__ __forceinline__ float exact_xd(const uint2 * xm, int b) {
     return __uint_as_float(xm[b].x);
 }
 
+// A butterfly over the warp's 32 lanes, as ggml-cuda's warp_reduce_sum adds.
+static __device__ __forceinline__ float exact_warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(kFull, v, offset);
+    }
+    return v;
+}
+
 // Scale and min (6 bits each) of sub-block j of a Q4_K block whose 12 scale bytes are at q.
 static __device__ __forceinline__ void exact_k4_scale_min(const uint8_t * q, int j, int & sc, int & m) {
     if (j < 4) {
@@ -190,11 +199,7 @@ static __device__ __forceinline__ float exact_row(const uint8_t * row, int k, co
     for (int w = 1; w < 4; ++w) {
         sum += part[w];
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        sum += __shfl_xor_sync(kFull, sum, offset);
-    }
-    return sum;
+    return exact_warp_sum(sum);
 }
 
 // An F32 row (k floats) as mmvf sums it with a block of `block` threads (32..256).
@@ -222,31 +227,14 @@ static __device__ __forceinline__ float exact_row_f32(const float * row, int k, 
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
         if (w < nw) {
-            float v = acc[w];
-#pragma unroll
-            for (int offset = 16; offset > 0; offset >>= 1) {
-                v += __shfl_xor_sync(kFull, v, offset);
-            }
-            mine = lane == w ? v : mine;
+            const float v = exact_warp_sum(acc[w]);
+            mine          = lane == w ? v : mine;
             if (nw == 1) {
                 return v;
             }
         }
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        mine += __shfl_xor_sync(kFull, mine, offset);
-    }
-    return mine;
-}
-
-// A butterfly over the warp's 32 lanes, as ggml-cuda's warp_reduce_sum adds.
-static __device__ __forceinline__ float exact_warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        v += __shfl_xor_sync(kFull, v, offset);
-    }
-    return v;
+    return exact_warp_sum(mine);
 }
 
 // The RMS norm's scale of each input vector as ggml-cuda's fused rms_norm + mul computes it
@@ -282,6 +270,15 @@ static __device__ void exact_norm_scales(const exact_params & p, float * scales)
     }
 }
 
+// The segment holding row r of the launch.
+static __device__ __forceinline__ const exact_seg & exact_segment_of(const exact_params & p, int r) {
+    int si = 0;
+    while (si + 1 < p.n_segments && r >= p.seg[si + 1].row_begin) {
+        ++si;
+    }
+    return p.seg[si];
+}
+
 __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel(const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
     int8_t *  xq   = (int8_t *) smem;
@@ -291,11 +288,7 @@ __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel
     // first row into L2, so that its latency overlaps that kernel's tail and the prologue. Expert
     // rows wait: their ids come from an earlier kernel.
     if (const int r0 = blockIdx.x * kExactWarps + warp; r0 < p.total_rows) {
-        int si = 0;
-        while (si + 1 < p.n_segments && r0 >= p.seg[si + 1].row_begin) {
-            ++si;
-        }
-        const exact_seg & s = p.seg[si];
+        const exact_seg & s = exact_segment_of(p, r0);
         if (s.ids == nullptr) {
             const uint8_t * w = s.w + (int64_t) (r0 - s.row_begin) * s.row_stride;
             for (int64_t at = 128 * lane; at < s.row_stride; at += 32 * 128) {
@@ -319,11 +312,7 @@ __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel
 
     const int k32 = p.k / 32;
     for (int r = blockIdx.x * kExactWarps + warp; r < p.total_rows; r += gridDim.x * kExactWarps) {
-        int si = 0;
-        while (si + 1 < p.n_segments && r >= p.seg[si + 1].row_begin) {
-            ++si;
-        }
-        const exact_seg & s    = p.seg[si];
+        const exact_seg & s    = exact_segment_of(p, r);
         const int         loc  = r - s.row_begin;
         const int         slot = loc / s.rows, row = loc % s.rows;
         const uint8_t *   w    = s.w + (int64_t) row * s.row_stride;
@@ -358,6 +347,19 @@ __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel
             s.out[at] = v;
         }
     }
+}
+
+int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf) {
+    bool q8 = false, f32 = false;
+    for (int i = 0; i < a.n_segments; ++i) {
+        q8  = q8 || a.seg[i].type != FRT_GEMV_F32;
+        f32 = f32 || a.seg[i].type == FRT_GEMV_F32;
+    }
+    // int8 x first, then a uint2 per 32 values, then (F32 weights) x in float.
+    const int n_vec = a.tokens * a.x_per_token;
+    smem_xm         = q8 ? n_vec * a.k : 0;
+    smem_xf         = smem_xm + (q8 ? n_vec * (a.k / 32) * (int) sizeof(uint2) : 0);
+    return smem_xf + (f32 ? n_vec * a.k * (int) sizeof(float) : 0);
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
@@ -406,15 +408,12 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.epilogue        = s.epilogue;
         q.n_experts       = s.n_experts;
         q.row_begin       = rows;
-        p.need_f32        = p.need_f32 || s.type == FRT_GEMV_F32;
-        p.need_q8         = p.need_q8 || s.type != FRT_GEMV_F32;
         rows += (s.ids != nullptr ? s.n_used : 1) * s.rows;
     }
     p.total_rows = rows;
-    // int8 x first, then a uint2 per 32 values, then (F32 weights) x in float.
-    p.smem_xm      = p.need_q8 ? p.n_vec * p.k : 0;
-    p.smem_xf      = p.smem_xm + (p.need_q8 ? p.n_vec * (p.k / 32) * (int) sizeof(uint2) : 0);
-    const int smem = p.smem_xf + (p.need_f32 ? p.n_vec * p.k * (int) sizeof(float) : 0);
+    const int smem = frt_gemv_exact_layout(a, p.smem_xm, p.smem_xf);
+    p.need_q8      = p.smem_xf > 0;     // room for int8 x and its scales
+    p.need_f32     = smem > p.smem_xf;  // room for x in float
     err = gemv_allow_smem<frt_gemv_exact_kernel>(device, kMaxSmem);
     if (err != cudaSuccess) {
         return err;

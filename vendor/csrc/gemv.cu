@@ -224,7 +224,6 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
     if (a.tokens != 1) {
         return "frt_gemv: the exact kernel takes one token";
     }
-    bool q8 = false, f32 = false;
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_type t = a.seg[i].type;
         if (t != FRT_GEMV_Q4_K && t != FRT_GEMV_Q6_K && t != FRT_GEMV_Q8_0 && t != FRT_GEMV_F32) {
@@ -233,13 +232,9 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
         if (a.seg[i].row_stride != frt_gemv_row_bytes(t, a.k)) {
             return "frt_gemv: the exact kernel takes contiguous rows";
         }
-        q8  = q8 || t != FRT_GEMV_F32;
-        f32 = f32 || t == FRT_GEMV_F32;
     }
-    const int64_t n_vec = (int64_t) a.tokens * a.x_per_token;
-    if ((q8 ? n_vec * a.k + n_vec * (a.k / 32) * (int64_t) sizeof(uint2) : 0) +
-            (f32 ? n_vec * a.k * (int64_t) sizeof(float) : 0) >
-        kMaxSmem) {
+    int smem_xm = 0, smem_xf = 0;
+    if (frt_gemv_exact_layout(a, smem_xm, smem_xf) > kMaxSmem) {
         return "frt_gemv: the inputs do not fit in shared memory";
     }
     return nullptr;

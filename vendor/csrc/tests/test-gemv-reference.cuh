@@ -436,6 +436,17 @@ inline int32_t vsub4(int32_t a, int32_t b) {
     return (int32_t) r;
 }
 
+// warp_reduce_sum's butterfly over 32 lanes (xor 16, 8, 4, 2, 1); every lane ends with the sum.
+inline void butterfly32(float * lane) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        float next[32];
+        for (int l = 0; l < 32; ++l) {
+            next[l] = lane[l] + lane[l ^ offset];
+        }
+        std::memcpy(lane, next, sizeof next);
+    }
+}
+
 // Item (kbx, iqs) of a row added to a thread's sum acc, as mmvq's vec_dot and its `tmp +=` do.
 inline float mmvq_add_item(frt_gemv_type t, const uint8_t * row, int kbx, int iqs, const stock_x & x, float acc) {
     const auto xq = [&](int b, int i) { return load32(&x.q[32 * b + 4 * i]); };
@@ -509,13 +520,7 @@ inline float mmvq_row(frt_gemv_type t, int k, const uint8_t * row, const stock_x
             lane[l] += thread[32 * w + l];
         }
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        float next[32];
-        for (int l = 0; l < 32; ++l) {
-            next[l] = lane[l] + lane[l ^ offset];
-        }
-        std::memcpy(lane, next, sizeof lane);
-    }
+    butterfly32(lane);
     return lane[0];
 }
 
@@ -532,15 +537,6 @@ inline float mmvf_row(int k, const float * w, const float * x) {
             block = b;
         }
     }
-    const auto butterfly = [](float * lane) {
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            float next[32];
-            for (int l = 0; l < 32; ++l) {
-                next[l] = lane[l] + lane[l ^ offset];
-            }
-            std::memcpy(lane, next, 32 * sizeof(float));
-        }
-    };
     float warp_sums[32] = {};
     for (int wp = 0; wp < block / 32; ++wp) {
         float lane[32];
@@ -552,13 +548,13 @@ inline float mmvf_row(int k, const float * w, const float * x) {
             }
             lane[l] = acc;
         }
-        butterfly(lane);
+        butterfly32(lane);
         warp_sums[wp] = lane[0];
     }
     if (block == 32) {
         return warp_sums[0];
     }
-    butterfly(warp_sums);
+    butterfly32(warp_sums);
     return warp_sums[0];
 }
 
