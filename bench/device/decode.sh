@@ -3,13 +3,14 @@
 # period (the build directory stays between them):
 #   check    build (flashrt: test-backend-ops, llama-bench, llama-completion) while the vendor kernel
 #            tests and gemv-bench run; then the FlashRT test-backend-ops cases REPEAT times in a row
-#            (default 10), every window forced on. GEMV=0 skips the kernel tests and gemv-bench,
+#            (default 10), every window forced on; FULL=1 then runs the whole upstream suite too
+#            (cargo xtask test-backend-ops --full). GEMV=0 skips the kernel tests and gemv-bench,
 #            GEMV_ARGS passes options to gemv-bench (e.g. "--tokens 1"), GEMV_LAB=0 skips its lab
 #   profile  the synthetic qwen36 GGUF; gemv-stock (stock ggml-cuda per matvec shape, joined with
-#            gemv-bench's table); cargo xtask profile, stock vs the overlay with the GEMV windows on
-#            (GGML_FLASHRT_GEMV_KERNEL=bulk in the environment: the windows on the bulk kernel)
-#   bench    cargo xtask bench --rounds 3 (tg128, pp512, tg128@d8192), the GEMV windows on; parity
-#            on the 4-layer model, then on the 40-layer one when under 7 minutes have passed
+#            gemv-bench's table); cargo xtask profile, stock vs the overlay's default configuration
+#            (switches in the environment reach the overlay's runs)
+#   bench    cargo xtask bench --rounds 3 (tg128, pp512, tg128@d8192), the default configuration;
+#            parity on the 4-layer model, then on the 40-layer one when under 7 minutes have passed
 # Usage (device, repository root): bench/device/decode.sh check|profile|bench
 # Needs .xtask/device/ carried (see bench/README.md). Each phase prints a short table last and
 # leaves its files in $OUT.
@@ -24,8 +25,6 @@ pack_out() {
         && find "$out" -mindepth 1 -delete && mv "/tmp/decode-$phase.tgz" "/tmp/decode-$phase-summary.txt" "$out/"
 }
 trap pack_out EXIT
-# The GEMV windows are tier full until this measurement puts them in safe: force them on.
-force_gemv() { for w in "${gemv_windows[@]}"; do export "FRT_${w}_SWAP=1"; done; }
 keep=/tmp/decode-keep   # survives between the phases' calls on a warm machine
 mkdir -p "$keep"
 model=/tmp/models/qwen36.gguf
@@ -49,8 +48,8 @@ check)
     wait $build || { tail -40 "$out/build.log"; exit 1; }
     say "flashrt build: $(( $(date +%s) - start )) s"
     # The FlashRT cases, REPEAT times: a case that fails by the draw of its inputs shows up here.
-    force_gemv
-    export FRT_SHEXP_GATE_SWAP=1 GGML_CUDA_FLASHRT_NO_CACHE=1
+    for w in "${gemv_windows[@]}" SHEXP_GATE; do export "FRT_${w}_SWAP=1"; done
+    export GGML_CUDA_FLASHRT_NO_CACHE=1
     passes=0
     for round in $(seq 1 "${REPEAT:-10}"); do
         if FRT_STATS=1 "$bin/test-backend-ops" test -b CUDA0 -o 'FLASHRT_.*' > "$out/tbo-$round.txt" 2>&1; then
@@ -68,6 +67,11 @@ check)
         say "test-backend-ops FLASHRT, GGML_FLASHRT_GEMV_LATE=1: FAILED"; grep -E "FAIL" "$out/tbo-late.txt" | head
     fi
     say "FLASHRT cases: $passes of ${REPEAT:-10} rounds passed"
+    if [ "${FULL:-0}" = 1 ]; then
+        "$xtask" test-backend-ops --arch 90a --full -j 16 > "$out/tbo-full.txt" 2>&1 || true
+        say "test-backend-ops --full: $(grep -m1 'tests passed' "$out/tbo-full.txt" | xargs)"
+        grep -E "FAIL" "$out/tbo-full.txt" | head -10 | tee -a "$out/summary.txt" || true
+    fi
     ;;
 profile)
     mkdir -p /tmp/models
@@ -78,7 +82,6 @@ profile)
         cp "$out/gemv-stock/gemv-table.md" "$out/" 2>/dev/null && tail -25 "$out/gemv-table.md"
         cp "$out/gemv-stock/gemv-table-bulk.md" "$out/" 2>/dev/null && tail -6 "$out/gemv-table-bulk.md"
     fi
-    force_gemv
     traces=/tmp/profile-traces
     rm -rf "$traces"
     "$xtask" profile --model "$model" --arch 90a --save-traces "$traces" 2>&1 | tee "$out/profile.log" \
@@ -91,7 +94,6 @@ bench)
     start=$(date +%s)
     mkdir -p /tmp/models
     [ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1
-    force_gemv
     "$xtask" bench --model "$model" --arch 90a --rounds 3 2>&1 | tee "$out/bench.log" | grep -v '^\[' | tail -30
     cp bench/results/*.json "$out/" 2>/dev/null || true
     small=/tmp/models/qwen36-l4-e8.gguf
