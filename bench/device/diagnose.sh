@@ -24,14 +24,18 @@
 #                         kernel inside the layers, their default), the FlashRT test-backend-ops
 #                         cases with every window on, tg128 stock / default / GEMV
 #                         windows / GEMV windows on the register kernel, then 40-layer parity
+#   diagnose.sh default   the vendor tests and gemv-bench at 1 token (binaries carried in
+#                         .xtask/device/gemv when there, else compiled), meanwhile the build; parity on
+#                         the 4-layer model in the default configuration, cargo xtask profile (stock vs
+#                         default), then 40-layer parity
 #   diagnose.sh serve     llama-server on the 40-layer `synth --stable` model: 16 prompts alone,
 #                         then together (bench/tools/server-agreement.py), for stock and for the
 #                         overlay's default: the self-agreement that serve comparisons are judged by
-# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact|serve. Needs .xtask/device/
+# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact|default|serve. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick|exact|serve}
+mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve}
 . bench/device/lib.sh
 device_setup "diagnose-$mode"
 start=$(date +%s)
@@ -44,8 +48,12 @@ mkdir -p /tmp/models
 [ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1 &
 synth=$!
 [ -f "$small" ] || "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" >> "$out/synth.log" 2>&1
-if [ "$mode" = verify ] || [ "$mode" = exact ]; then
-    GEMV_LAB=0 OUT=$out/gemv bash bench/device/gemv.sh --tokens 1 > "$out/gemv.log" 2>&1 &
+gemv_tests=0
+case $mode in verify | exact | default) gemv_tests=1 ;; esac
+if [ $gemv_tests = 1 ]; then
+    prebuilt=
+    [ -x .xtask/device/gemv/test-gemv ] && prebuilt=.xtask/device/gemv
+    GEMV_PREBUILT=$prebuilt GEMV_LAB=0 OUT=$out/gemv bash bench/device/gemv.sh --tokens 1 > "$out/gemv.log" 2>&1 &
     tests=$!
 fi
 targets=llama-bench,llama
@@ -54,7 +62,7 @@ targets=llama-bench,llama
 "$xtask" build --arch 90a --targets "$targets" > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 wait $synth
 say "build + models: $(( $(date +%s) - start )) s"
-if [ "$mode" = verify ] || [ "$mode" = exact ]; then
+if [ $gemv_tests = 1 ]; then
     if wait $tests; then r=ok; else r=FAILED; fi
     say "vendor tests + gemv-bench: $r"; grep -E "^test-|^gemv-bench" "$out/gemv/summary.txt" | tee -a "$out/summary.txt" || true
     # Register vs bulk kernel per shape, 1 token.
@@ -203,6 +211,21 @@ exact)
     parity_header
     parity "GEMV windows, 40 layers" "$model" $(swaps "${gemv_windows[@]}")
     ;;
+default)
+    parity_header
+    parity "default, 4 layers" "$small"
+    grep -h "FAIL" "$out/gemv/tests.txt" | head -10 | tee -a "$out/summary.txt" || true
+    if ! late profile; then
+        "$xtask" profile --model "$model" --arch 90a > "$out/profile.log" 2>&1 || say "profile FAILED"
+        results=$(sed -n 's/^results: //p' "$out/profile.log" | tail -1)
+        if [ -n "$results" ] && [ -d "$results" ]; then
+            cp -r "$results" "$out/profile"
+            sed -n '/^## Per decode step/,/^## Kernel families/p' "$results/profile.md" | grep '^|' | tee -a "$out/summary.txt"
+        fi
+    fi
+    parity_header
+    parity "default, 40 layers" "$model"
+    ;;
 serve)
     stable=/tmp/models/qwen36-stable.gguf
     [ -f "$stable" ] || "$xtask" synth --preset qwen36-35b-a3b --stable --out "$stable" >> "$out/synth.log" 2>&1
@@ -215,7 +238,7 @@ serve)
     done
     ;;
 *)
-    echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact|serve"; exit 2 ;;
+    echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve"; exit 2 ;;
 esac
 # Few files come back from the device: everything in one archive, beside the summary.
 tar -czf /tmp/diagnose.tgz -C "$out" . && cp "$out/summary.txt" /tmp/diagnose-summary.txt \

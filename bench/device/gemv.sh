@@ -15,6 +15,8 @@
 # Usage (device, repository root): bench/device/gemv.sh [gemv-bench options for step 3, e.g. --tokens 1,2]
 #   GEMV_SWEEP=0 skips step 3, GEMV_LAB=0 step 4 (both: gemv-bench is not compiled); GEMV_LAB_ARGS adds options to step 4 (e.g.
 #   "--variants C,pre-l2 --shapes attn_qkv").
+# GEMV_PREBUILT=DIR: the test binaries and gemv-bench already built (e.g. on a CPU machine with the
+# pip nvcc, same flags, carried in .xtask/device): step 1 is skipped, nothing is compiled here.
 # Needs nvcc only: no .xtask/device bundle, no network. Writes to $OUT (default /tmp/gemv):
 # summary.txt, ptxas.txt, tests.txt, gemv-bench.jsonl (join with gemv-stock's lines:
 # bench/tools/gemv-table.py STOCK.jsonl gemv-bench.jsonl), gemv-bench.md, gemv-bench.err,
@@ -28,6 +30,11 @@ say() {
     echo "$*" | tee -a "$out/summary.txt"
 }
 build=$(mktemp -d /tmp/gemv-build.XXXXXX)
+if [ -n "${GEMV_PREBUILT:-}" ]; then
+    say "prebuilt binaries from $GEMV_PREBUILT"
+    cp "$GEMV_PREBUILT"/* "$build/"
+    : > "$out/ptxas.txt"
+else
 say "nvcc: $(nvcc --version | tail -1)"
 
 echo "== 1. compile vendor/csrc and gemv-bench for sm_$arch"
@@ -62,13 +69,18 @@ vendor_objects=()
 for src in vendor/csrc/*.cu; do
     vendor_objects+=("$build/$(basename "$src" .cu).o")
 done
+fi
 
 echo "== 2. vendor kernel unit tests"
 : > "$out/tests.txt"
 tests_failed=0
 for test in vendor/csrc/tests/test-*.cu; do
     name=$(basename "$test" .cu)
-    nvcc -std=c++17 -arch=sm_$arch -I vendor/csrc "$test" "${vendor_objects[@]}" -o "$build/$name"
+    if [ -n "${GEMV_PREBUILT:-}" ]; then
+        [ -x "$build/$name" ] || continue
+    else
+        nvcc -std=c++17 -arch=sm_$arch -I vendor/csrc "$test" "${vendor_objects[@]}" -o "$build/$name"
+    fi
     set +e
     "$build/$name" > "$build/$name.txt" 2>&1
     rc=$?
@@ -80,6 +92,7 @@ for test in vendor/csrc/tests/test-*.cu; do
 done
 
 [ $with_bench = 1 ] || exit $tests_failed
+if [ -z "${GEMV_PREBUILT:-}" ]; then
 bench_compiled=0
 wait "$bench_pid" || bench_compiled=1
 cat "$build/gemv-bench.ptxas" > "$out/ptxas-gemv-bench.txt"
@@ -90,6 +103,7 @@ fi
 nvcc -arch=sm_$arch "$build/gemv-bench.o" "${vendor_objects[@]}" -o "$build/gemv-bench"
 lab_spilling=$(grep 'bytes spill stores' "$out/ptxas-gemv-bench.txt" | grep -vc ' 0 bytes spill stores' || true)
 say "gemv-bench compiled in $(( $(date +%s) - start )) s; its own kernels (lab, probes): $lab_spilling with spills"
+fi
 
 if [ "${GEMV_SWEEP:-1}" != 0 ]; then
     echo "== 3. gemv-bench"

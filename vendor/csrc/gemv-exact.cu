@@ -43,7 +43,7 @@ struct exact_params {
     int           k, n_vec;
     float *       x_out;
     int64_t       x_out_stride;
-    int           n_segments, total_rows, smem_xm, smem_xf;
+    int           n_segments, total_rows, rows_per_block, smem_xm, smem_xf;
     int           need_q8, need_f32;
     int           f32_block;  // mmvf's block size for k columns
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
@@ -279,24 +279,58 @@ static __device__ __forceinline__ const exact_seg & exact_segment_of(const exact
     return p.seg[si];
 }
 
+// Bytes [from, to) into L2 without waiting for them: the 16-byte aligned part, in bulk prefetches of
+// at most 32 KiB (the edges are read on demand).
+static __device__ __forceinline__ void exact_prefetch_span(const uint8_t * from, const uint8_t * to) {
+    const uintptr_t lo = ((uintptr_t) from + 15) & ~(uintptr_t) 15;
+    const uintptr_t hi = (uintptr_t) to & ~(uintptr_t) 15;
+    for (uintptr_t at = lo; at < hi; at += 32768) {
+        const uint32_t bytes = (uint32_t) (hi - at < 32768 ? hi - at : 32768);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at), "r"(bytes) : "memory");
+    }
+}
+
+// The weights of the block's rows [begin, end) into L2, all at once: thread t takes segment t.
+// Rows of a segment are contiguous in memory (an expert's rows too), so a segment's share is one
+// span a slot. Segments without ids go before the wait for the previous kernel (weights are not
+// written by kernels), so their latency overlaps its tail and the prologue; expert segments after
+// it (their ids come from an earlier kernel).
+static __device__ void exact_prefetch_rows(const exact_params & p, int begin, int end, bool experts) {
+    const int si = threadIdx.x;
+    if (si >= p.n_segments) {
+        return;
+    }
+    const exact_seg & s       = p.seg[si];
+    const int         seg_end = si + 1 < p.n_segments ? p.seg[si + 1].row_begin : p.total_rows;
+    const int         a = max(begin, s.row_begin) - s.row_begin, b = min(end, seg_end) - s.row_begin;
+    if (a >= b || (s.ids != nullptr) != experts) {
+        return;
+    }
+    for (int slot = a / s.rows; slot * s.rows < b; ++slot) {
+        const uint8_t * w = s.w;
+        if (s.ids != nullptr) {
+            const int expert = s.ids[slot];
+            if (expert < 0 || expert >= s.n_experts) {
+                continue;
+            }
+            w += (int64_t) expert * s.expert_stride;
+        }
+        const int ra = max(a, slot * s.rows) - slot * s.rows, rb = min(b, (slot + 1) * s.rows) - slot * s.rows;
+        exact_prefetch_span(w + (int64_t) ra * s.row_stride, w + (int64_t) rb * s.row_stride);
+    }
+}
+
 __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel(const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
     int8_t *  xq   = (int8_t *) smem;
     uint2 *   xm   = (uint2 *) (smem + p.smem_xm);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    // Before the wait for the previous kernel (weights are not written by kernels): the warp's
-    // first row into L2, so that its latency overlaps that kernel's tail and the prologue. Expert
-    // rows wait: their ids come from an earlier kernel.
-    if (const int r0 = blockIdx.x * kExactWarps + warp; r0 < p.total_rows) {
-        const exact_seg & s = exact_segment_of(p, r0);
-        if (s.ids == nullptr) {
-            const uint8_t * w = s.w + (int64_t) (r0 - s.row_begin) * s.row_stride;
-            for (int64_t at = 128 * lane; at < s.row_stride; at += 32 * 128) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(w + at));
-            }
-        }
-    }
+    // A block's rows are contiguous: their bytes are a few spans that L2 is asked for up front,
+    // every row in flight at once instead of one row a warp at a time.
+    const int begin = blockIdx.x * p.rows_per_block, end = min(begin + p.rows_per_block, p.total_rows);
+    exact_prefetch_rows(p, begin, end, false);
     frt_pdl_wait();
+    exact_prefetch_rows(p, begin, end, true);
     // x, normed first when the launch has a norm (the normed vectors, when kept, written by block 0
     // alone), then quantized as stock's quantize_q8_1 does.
     __shared__ float norm_scales[FRT_GEMV_MAX_TOKENS];
@@ -311,7 +345,7 @@ __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel
     frt_pdl_launch_dependents();
 
     const int k32 = p.k / 32;
-    for (int r = blockIdx.x * kExactWarps + warp; r < p.total_rows; r += gridDim.x * kExactWarps) {
+    for (int r = begin + warp; r < end; r += kExactWarps) {
         const exact_seg & s    = exact_segment_of(p, r);
         const int         loc  = r - s.row_begin;
         const int         slot = loc / s.rows, row = loc % s.rows;
@@ -411,6 +445,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         rows += (s.ids != nullptr ? s.n_used : 1) * s.rows;
     }
     p.total_rows = rows;
+    if (rows == 0) {
+        return cudaSuccess;
+    }
     const int smem = frt_gemv_exact_layout(a, p.smem_xm, p.smem_xf);
     p.need_q8      = p.smem_xf > 0;     // room for int8 x and its scales
     p.need_f32     = smem > p.smem_xf;  // room for x in float
@@ -418,6 +455,10 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     if (err != cudaSuccess) {
         return err;
     }
-    const int blocks = std::min((rows + kExactWarps - 1) / kExactWarps, dev.sms * 4);
+    // As many blocks as fit at once (or a warp a row), each taking a contiguous run of rows.
+    int blocks       = std::min((rows + kExactWarps - 1) / kExactWarps, dev.sms * 4);
+    p.rows_per_block = (rows + blocks - 1) / blocks;
+    p.rows_per_block = (p.rows_per_block + kExactWarps - 1) / kExactWarps * kExactWarps;
+    blocks           = (rows + p.rows_per_block - 1) / p.rows_per_block;
     return frt_launch(frt_gemv_exact_kernel, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p);
 }
