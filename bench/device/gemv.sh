@@ -30,6 +30,9 @@ say() {
     echo "$*" | tee -a "$out/summary.txt"
 }
 build=$(mktemp -d /tmp/gemv-build.XXXXXX)
+# Steps 3 and 4 both off (GEMV_SWEEP=0 GEMV_LAB=0): the tests alone, without gemv-bench's compile.
+with_bench=1
+[ "${GEMV_SWEEP:-1}" = 0 ] && [ "${GEMV_LAB:-1}" = 0 ] && with_bench=0
 if [ -n "${GEMV_PREBUILT:-}" ]; then
     say "prebuilt binaries from $GEMV_PREBUILT"
     cp "$GEMV_PREBUILT"/* "$build/"
@@ -39,9 +42,6 @@ say "nvcc: $(nvcc --version | tail -1)"
 
 echo "== 1. compile vendor/csrc and gemv-bench for sm_$arch"
 start=$(date +%s)
-# Steps 3 and 4 both off (GEMV_SWEEP=0 GEMV_LAB=0): the tests alone, without gemv-bench's compile.
-with_bench=1
-[ "${GEMV_SWEEP:-1}" = 0 ] && [ "${GEMV_LAB:-1}" = 0 ] && with_bench=0
 if [ $with_bench = 1 ]; then
     nvcc -std=c++17 -O3 -arch=sm_$arch -I vendor/csrc -I bench/tools -Xptxas -v -c bench/tools/gemv-bench.cu \
         -o "$build/gemv-bench.o" > "$build/gemv-bench.ptxas" 2>&1 &

@@ -24,6 +24,8 @@
 
 #include "gemv-impl.cuh"
 
+#include <cstdlib>
+
 // One segment as the kernel reads it: rows [row_begin, row_begin + slots x rows) of the launch's
 // rows (slots: the experts a token, or 1).
 struct exact_seg {
@@ -46,7 +48,17 @@ struct exact_params {
     int           n_segments, total_rows, rows_per_block, smem_xm, smem_xf;
     int           need_q8, need_f32;
     int           f32_block;  // mmvf's block size for k columns
+    int           lab;        // FRT_GEMV_EXACT_LAB (gemv-bench only): parts left out, to time the rest
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
+};
+
+// FRT_GEMV_EXACT_LAB bits: what a timing run leaves out (outputs are then wrong; gemv-bench skips
+// its check). Each one isolates a share of the kernel's time.
+enum : int {
+    kExactLabNoPrefetch = 1,  // no L2 bulk prefetch of the block's rows
+    kExactLabNoPrologue = 2,  // x neither normed nor quantized (shared memory as it is)
+    kExactLabLoadsOnly  = 4,  // each item loads its share of the row, no products
+    kExactLabNoRows     = 8,  // no rows at all: launch, wait, prefetch and prologue alone
 };
 
 static constexpr int kExactWarps   = 8;
@@ -173,7 +185,8 @@ template <> struct exact_item<FRT_GEMV_Q8_0> {
 
 // A row of k columns, reduced as mmvq reduces it; every lane returns the row's value.
 template <int TYPE>
-static __device__ __forceinline__ float exact_row(const uint8_t * row, int k, const int8_t * xq, const uint2 * xm, int lane) {
+static __device__ __forceinline__ float exact_row(const uint8_t * row, int k, const int8_t * xq, const uint2 * xm, int lane,
+                                                 int lab) {
     using item          = exact_item<TYPE>;
     constexpr int qk    = TYPE == FRT_GEMV_Q8_0 ? 32 : 256;
     const int     nb    = k / qk;
@@ -184,13 +197,25 @@ static __device__ __forceinline__ float exact_row(const uint8_t * row, int k, co
     }
     // Pass m of every thread at once (its loads in flight together); each accumulator still adds
     // its own items in mmvq's order.
+    constexpr int block_bytes = TYPE == FRT_GEMV_Q4_K ? 144 : TYPE == FRT_GEMV_Q6_K ? 210 : 34;
     for (int kb0 = 0; kb0 < nb; kb0 += item::per_iter) {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             const int t   = lane + 32 * w;
             const int kbx = kb0 + t / item::per_block;
             if (kbx < nb) {
-                part[w] += item::dot(row, kbx, item::iqs(t), xq, xm);
+                if (lab & kExactLabLoadsOnly) {
+                    // The item's share of the block's bytes, as 2-byte loads, summed as bits.
+                    const uint8_t * blk = row + block_bytes * kbx;
+                    const int share = block_bytes / item::per_block & ~1, at = share * (t % item::per_block);
+                    int bits = 0;
+                    for (int b = 0; b < share; b += 2) {
+                        bits ^= *(const uint16_t *) (blk + at + b);
+                    }
+                    part[w] += __int_as_float(bits);
+                } else {
+                    part[w] += item::dot(row, kbx, item::iqs(t), xq, xm);
+                }
             }
         }
     }
@@ -328,21 +353,31 @@ __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel
     // A block's rows are contiguous: their bytes are a few spans that L2 is asked for up front,
     // every row in flight at once instead of one row a warp at a time.
     const int begin = blockIdx.x * p.rows_per_block, end = min(begin + p.rows_per_block, p.total_rows);
-    exact_prefetch_rows(p, begin, end, false);
+    const bool prefetch = !(p.lab & kExactLabNoPrefetch);
+    if (prefetch) {
+        exact_prefetch_rows(p, begin, end, false);
+    }
     frt_pdl_wait();
-    exact_prefetch_rows(p, begin, end, true);
+    if (prefetch) {
+        exact_prefetch_rows(p, begin, end, true);
+    }
     // x, normed first when the launch has a norm (the normed vectors, when kept, written by block 0
     // alone), then quantized as stock's quantize_q8_1 does.
     __shared__ float norm_scales[FRT_GEMV_MAX_TOKENS];
-    if (p.norm != nullptr) {
-        exact_norm_scales(p, norm_scales);
+    float *          xf = (float *) (smem + p.smem_xf);
+    if (!(p.lab & kExactLabNoPrologue)) {
+        if (p.norm != nullptr) {
+            exact_norm_scales(p, norm_scales);
+        }
+        const gemv_x_in in = { p.x,      p.norm,   p.x_stride, p.eps, p.k, p.n_vec, p.need_q8, p.need_f32,
+                               blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride, norm_scales };
+        gemv_prologue_x<kExactThreads>(in, xq, xm, xf, threadIdx.x, 0);
     }
-    const gemv_x_in in = { p.x,      p.norm,   p.x_stride, p.eps, p.k, p.n_vec, p.need_q8, p.need_f32,
-                           blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride, norm_scales };
-    float * xf = (float *) (smem + p.smem_xf);
-    gemv_prologue_x<kExactThreads>(in, xq, xm, xf, threadIdx.x, 0);
     __syncthreads();
     frt_pdl_launch_dependents();
+    if (p.lab & kExactLabNoRows) {
+        return;
+    }
 
     const int k32 = p.k / 32;
     for (int r = begin + warp; r < end; r += kExactWarps) {
@@ -366,9 +401,9 @@ __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel
         const uint2 *  mv = xm + (int64_t) vec * k32;
         float          v;
         switch (s.type) {
-            case FRT_GEMV_Q4_K: v = exact_row<FRT_GEMV_Q4_K>(w, p.k, xv, mv, lane); break;
-            case FRT_GEMV_Q6_K: v = exact_row<FRT_GEMV_Q6_K>(w, p.k, xv, mv, lane); break;
-            case FRT_GEMV_Q8_0: v = exact_row<FRT_GEMV_Q8_0>(w, p.k, xv, mv, lane); break;
+            case FRT_GEMV_Q4_K: v = exact_row<FRT_GEMV_Q4_K>(w, p.k, xv, mv, lane, p.lab); break;
+            case FRT_GEMV_Q6_K: v = exact_row<FRT_GEMV_Q6_K>(w, p.k, xv, mv, lane, p.lab); break;
+            case FRT_GEMV_Q8_0: v = exact_row<FRT_GEMV_Q8_0>(w, p.k, xv, mv, lane, p.lab); break;
             default:
                 v = exact_row_f32((const float *) w, p.k, xf + (int64_t) vec * p.k, p.f32_block, lane);
                 break;
@@ -416,6 +451,11 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out        = a.x_normed;
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
+    static const int lab = [] {
+        const char * v = std::getenv("FRT_GEMV_EXACT_LAB");
+        return v != nullptr ? std::atoi(v) : 0;
+    }();
+    p.lab = lab;
     // mmvf's block: the smallest of 32, 64, ... 256 threads with the fewest passes over k / 2 pairs.
     p.f32_block    = 32;
     for (int block = 64, best = (a.k + 63) / 64; block <= 256; block += 32) {
