@@ -271,17 +271,32 @@ static __device__ void exact_norm_scales(const exact_params & p, float * scales)
     __shared__ float warp_sums[32];
     const int        warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int        block = p.k < 1024 ? 256 : 1024;
+    // Real warp w plays stock's warps w, w + 8, w + 16 and w + 24, their loads issued together (one
+    // pass over the columns at a time, each virtual thread still adding its columns in order).
+    constexpr int kVirtual = 1024 / 32 / kExactWarps;
     for (int v = 0; v < p.n_vec; ++v) {
         const float * x = p.x + (int64_t) v * p.x_stride;
-        for (int vw = warp; vw < block / 32; vw += kExactWarps) {
-            float tmp = 0.0f;
-            for (int col = 32 * vw + lane; col < p.k; col += block) {
-                const float xi = x[col];
-                tmp += xi * xi;
+        float         tmp[kVirtual];
+#pragma unroll
+        for (int i = 0; i < kVirtual; ++i) {
+            tmp[i] = 0.0f;
+        }
+        for (int c0 = 0; c0 < p.k; c0 += block) {
+#pragma unroll
+            for (int i = 0; i < kVirtual; ++i) {
+                const int vw = warp + kExactWarps * i, col = c0 + 32 * vw + lane;
+                if (vw < block / 32 && col < p.k) {
+                    const float xi = x[col];
+                    tmp[i] += xi * xi;
+                }
             }
-            tmp = exact_warp_sum(tmp);
-            if (lane == 0) {
-                warp_sums[vw] = tmp;
+        }
+#pragma unroll
+        for (int i = 0; i < kVirtual; ++i) {
+            const int   vw  = warp + kExactWarps * i;
+            const float sum = exact_warp_sum(tmp[i]);
+            if (vw < block / 32 && lane == 0) {
+                warp_sums[vw] = sum;
             }
         }
         __syncthreads();
