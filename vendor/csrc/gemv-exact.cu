@@ -24,8 +24,6 @@
 
 #include "gemv-impl.cuh"
 
-#include <cstdlib>
-
 // One segment as the kernel reads it: rows [row_begin, row_begin + slots x rows) of the launch's
 // rows (slots: the experts a token, or 1).
 struct exact_seg {
@@ -45,20 +43,10 @@ struct exact_params {
     int           k, n_vec;
     float *       x_out;
     int64_t       x_out_stride;
-    int           n_segments, total_rows, rows_per_block, smem_xm, smem_xf;
+    int           n_segments, total_rows, smem_xm, smem_xf;
     int           need_q8, need_f32;
     int           f32_block;  // mmvf's block size for k columns
-    int           lab;        // FRT_GEMV_EXACT_LAB (gemv-bench only): parts left out, to time the rest
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
-};
-
-// FRT_GEMV_EXACT_LAB bits: what a timing run leaves out (outputs are then wrong; gemv-bench skips
-// its check). Each one isolates a share of the kernel's time.
-enum : int {
-    kExactLabNoPrefetch = 1,  // no L2 bulk prefetch of the block's rows
-    kExactLabNoPrologue = 2,  // x neither normed nor quantized (shared memory as it is)
-    kExactLabLoadsOnly  = 4,  // each item loads its share of the row, no products
-    kExactLabNoRows     = 8,  // no rows at all: launch, wait, prefetch and prologue alone
 };
 
 static constexpr int kExactWarps   = 8;
@@ -185,8 +173,7 @@ template <> struct exact_item<FRT_GEMV_Q8_0> {
 
 // A row of k columns, reduced as mmvq reduces it; every lane returns the row's value.
 template <int TYPE>
-static __device__ __forceinline__ float exact_row(const uint8_t * row, int k, const int8_t * xq, const uint2 * xm, int lane,
-                                                 int lab) {
+static __device__ __forceinline__ float exact_row(const uint8_t * row, int k, const int8_t * xq, const uint2 * xm, int lane) {
     using item          = exact_item<TYPE>;
     constexpr int qk    = TYPE == FRT_GEMV_Q8_0 ? 32 : 256;
     const int     nb    = k / qk;
@@ -197,25 +184,13 @@ static __device__ __forceinline__ float exact_row(const uint8_t * row, int k, co
     }
     // Pass m of every thread at once (its loads in flight together); each accumulator still adds
     // its own items in mmvq's order.
-    constexpr int block_bytes = TYPE == FRT_GEMV_Q4_K ? 144 : TYPE == FRT_GEMV_Q6_K ? 210 : 34;
     for (int kb0 = 0; kb0 < nb; kb0 += item::per_iter) {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             const int t   = lane + 32 * w;
             const int kbx = kb0 + t / item::per_block;
             if (kbx < nb) {
-                if (lab & kExactLabLoadsOnly) {
-                    // The item's share of the block's bytes, as 2-byte loads, summed as bits.
-                    const uint8_t * blk = row + block_bytes * kbx;
-                    const int share = block_bytes / item::per_block & ~1, at = share * (t % item::per_block);
-                    int bits = 0;
-                    for (int b = 0; b < share; b += 2) {
-                        bits ^= *(const uint16_t *) (blk + at + b);
-                    }
-                    part[w] += __int_as_float(bits);
-                } else {
-                    part[w] += item::dot(row, kbx, item::iqs(t), xq, xm);
-                }
+                part[w] += item::dot(row, kbx, item::iqs(t), xq, xm);
             }
         }
     }
@@ -271,32 +246,17 @@ static __device__ void exact_norm_scales(const exact_params & p, float * scales)
     __shared__ float warp_sums[32];
     const int        warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int        block = p.k < 1024 ? 256 : 1024;
-    // Real warp w plays stock's warps w, w + 8, w + 16 and w + 24, their loads issued together (one
-    // pass over the columns at a time, each virtual thread still adding its columns in order).
-    constexpr int kVirtual = 1024 / 32 / kExactWarps;
     for (int v = 0; v < p.n_vec; ++v) {
         const float * x = p.x + (int64_t) v * p.x_stride;
-        float         tmp[kVirtual];
-#pragma unroll
-        for (int i = 0; i < kVirtual; ++i) {
-            tmp[i] = 0.0f;
-        }
-        for (int c0 = 0; c0 < p.k; c0 += block) {
-#pragma unroll
-            for (int i = 0; i < kVirtual; ++i) {
-                const int vw = warp + kExactWarps * i, col = c0 + 32 * vw + lane;
-                if (vw < block / 32 && col < p.k) {
-                    const float xi = x[col];
-                    tmp[i] += xi * xi;
-                }
+        for (int vw = warp; vw < block / 32; vw += kExactWarps) {
+            float tmp = 0.0f;
+            for (int col = 32 * vw + lane; col < p.k; col += block) {
+                const float xi = x[col];
+                tmp += xi * xi;
             }
-        }
-#pragma unroll
-        for (int i = 0; i < kVirtual; ++i) {
-            const int   vw  = warp + kExactWarps * i;
-            const float sum = exact_warp_sum(tmp[i]);
-            if (vw < block / 32 && lane == 0) {
-                warp_sums[vw] = sum;
+            tmp = exact_warp_sum(tmp);
+            if (lane == 0) {
+                warp_sums[vw] = tmp;
             }
         }
         __syncthreads();
@@ -319,83 +279,39 @@ static __device__ __forceinline__ const exact_seg & exact_segment_of(const exact
     return p.seg[si];
 }
 
-// Bytes [from, to) into L2 without waiting for them: the 16-byte aligned part, in bulk prefetches of
-// at most 32 KiB (the edges are read on demand).
-static __device__ __forceinline__ void exact_prefetch_span(const uint8_t * from, const uint8_t * to) {
-    const uintptr_t lo = ((uintptr_t) from + 15) & ~(uintptr_t) 15;
-    const uintptr_t hi = (uintptr_t) to & ~(uintptr_t) 15;
-    for (uintptr_t at = lo; at < hi; at += 32768) {
-        const uint32_t bytes = (uint32_t) (hi - at < 32768 ? hi - at : 32768);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at), "r"(bytes) : "memory");
-    }
-}
-
-// The weights of the block's rows [begin, end) into L2, all at once: thread t takes segment t.
-// Rows of a segment are contiguous in memory (an expert's rows too), so a segment's share is one
-// span a slot. Segments without ids go before the wait for the previous kernel (weights are not
-// written by kernels), so their latency overlaps its tail and the prologue; expert segments after
-// it (their ids come from an earlier kernel).
-static __device__ void exact_prefetch_rows(const exact_params & p, int begin, int end, bool experts) {
-    const int si = threadIdx.x;
-    if (si >= p.n_segments) {
-        return;
-    }
-    const exact_seg & s       = p.seg[si];
-    const int         seg_end = si + 1 < p.n_segments ? p.seg[si + 1].row_begin : p.total_rows;
-    const int         a = max(begin, s.row_begin) - s.row_begin, b = min(end, seg_end) - s.row_begin;
-    if (a >= b || (s.ids != nullptr) != experts) {
-        return;
-    }
-    for (int slot = a / s.rows; slot * s.rows < b; ++slot) {
-        const uint8_t * w = s.w;
-        if (s.ids != nullptr) {
-            const int expert = s.ids[slot];
-            if (expert < 0 || expert >= s.n_experts) {
-                continue;
-            }
-            w += (int64_t) expert * s.expert_stride;
-        }
-        const int ra = max(a, slot * s.rows) - slot * s.rows, rb = min(b, (slot + 1) * s.rows) - slot * s.rows;
-        exact_prefetch_span(w + (int64_t) ra * s.row_stride, w + (int64_t) rb * s.row_stride);
-    }
-}
-
 __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel(const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
     int8_t *  xq   = (int8_t *) smem;
     uint2 *   xm   = (uint2 *) (smem + p.smem_xm);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    // A block's rows are contiguous: their bytes are a few spans that L2 is asked for up front,
-    // every row in flight at once instead of one row a warp at a time.
-    const int begin = blockIdx.x * p.rows_per_block, end = min(begin + p.rows_per_block, p.total_rows);
-    const bool prefetch = !(p.lab & kExactLabNoPrefetch);
-    if (prefetch) {
-        exact_prefetch_rows(p, begin, end, false);
+    // Before the wait for the previous kernel (weights are not written by kernels): the warp's
+    // first row into L2, so that its latency overlaps that kernel's tail and the prologue. Expert
+    // rows wait: their ids come from an earlier kernel.
+    if (const int r0 = blockIdx.x * kExactWarps + warp; r0 < p.total_rows) {
+        const exact_seg & s = exact_segment_of(p, r0);
+        if (s.ids == nullptr) {
+            const uint8_t * w = s.w + (int64_t) (r0 - s.row_begin) * s.row_stride;
+            for (int64_t at = 128 * lane; at < s.row_stride; at += 32 * 128) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(w + at));
+            }
+        }
     }
     frt_pdl_wait();
-    if (prefetch) {
-        exact_prefetch_rows(p, begin, end, true);
-    }
     // x, normed first when the launch has a norm (the normed vectors, when kept, written by block 0
     // alone), then quantized as stock's quantize_q8_1 does.
     __shared__ float norm_scales[FRT_GEMV_MAX_TOKENS];
-    float *          xf = (float *) (smem + p.smem_xf);
-    if (!(p.lab & kExactLabNoPrologue)) {
-        if (p.norm != nullptr) {
-            exact_norm_scales(p, norm_scales);
-        }
-        const gemv_x_in in = { p.x,      p.norm,   p.x_stride, p.eps, p.k, p.n_vec, p.need_q8, p.need_f32,
-                               blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride, norm_scales };
-        gemv_prologue_x<kExactThreads>(in, xq, xm, xf, threadIdx.x, 0);
+    if (p.norm != nullptr) {
+        exact_norm_scales(p, norm_scales);
     }
+    const gemv_x_in in = { p.x,      p.norm,   p.x_stride, p.eps, p.k, p.n_vec, p.need_q8, p.need_f32,
+                           blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride, norm_scales };
+    float * xf = (float *) (smem + p.smem_xf);
+    gemv_prologue_x<kExactThreads>(in, xq, xm, xf, threadIdx.x, 0);
     __syncthreads();
     frt_pdl_launch_dependents();
-    if (p.lab & kExactLabNoRows) {
-        return;
-    }
 
     const int k32 = p.k / 32;
-    for (int r = begin + warp; r < end; r += kExactWarps) {
+    for (int r = blockIdx.x * kExactWarps + warp; r < p.total_rows; r += gridDim.x * kExactWarps) {
         const exact_seg & s    = exact_segment_of(p, r);
         const int         loc  = r - s.row_begin;
         const int         slot = loc / s.rows, row = loc % s.rows;
@@ -416,9 +332,9 @@ __launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel
         const uint2 *  mv = xm + (int64_t) vec * k32;
         float          v;
         switch (s.type) {
-            case FRT_GEMV_Q4_K: v = exact_row<FRT_GEMV_Q4_K>(w, p.k, xv, mv, lane, p.lab); break;
-            case FRT_GEMV_Q6_K: v = exact_row<FRT_GEMV_Q6_K>(w, p.k, xv, mv, lane, p.lab); break;
-            case FRT_GEMV_Q8_0: v = exact_row<FRT_GEMV_Q8_0>(w, p.k, xv, mv, lane, p.lab); break;
+            case FRT_GEMV_Q4_K: v = exact_row<FRT_GEMV_Q4_K>(w, p.k, xv, mv, lane); break;
+            case FRT_GEMV_Q6_K: v = exact_row<FRT_GEMV_Q6_K>(w, p.k, xv, mv, lane); break;
+            case FRT_GEMV_Q8_0: v = exact_row<FRT_GEMV_Q8_0>(w, p.k, xv, mv, lane); break;
             default:
                 v = exact_row_f32((const float *) w, p.k, xf + (int64_t) vec * p.k, p.f32_block, lane);
                 break;
@@ -466,11 +382,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out        = a.x_normed;
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
-    static const int lab = [] {
-        const char * v = std::getenv("FRT_GEMV_EXACT_LAB");
-        return v != nullptr ? std::atoi(v) : 0;
-    }();
-    p.lab = lab;
     // mmvf's block: the smallest of 32, 64, ... 256 threads with the fewest passes over k / 2 pairs.
     p.f32_block    = 32;
     for (int block = 64, best = (a.k + 63) / 64; block <= 256; block += 32) {
@@ -500,9 +411,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         rows += (s.ids != nullptr ? s.n_used : 1) * s.rows;
     }
     p.total_rows = rows;
-    if (rows == 0) {
-        return cudaSuccess;
-    }
     const int smem = frt_gemv_exact_layout(a, p.smem_xm, p.smem_xf);
     p.need_q8      = p.smem_xf > 0;     // room for int8 x and its scales
     p.need_f32     = smem > p.smem_xf;  // room for x in float
@@ -510,10 +418,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     if (err != cudaSuccess) {
         return err;
     }
-    // As many blocks as fit at once (or a warp a row), each taking a contiguous run of rows.
-    int blocks       = std::min((rows + kExactWarps - 1) / kExactWarps, dev.sms * 4);
-    p.rows_per_block = (rows + blocks - 1) / blocks;
-    p.rows_per_block = (p.rows_per_block + kExactWarps - 1) / kExactWarps * kExactWarps;
-    blocks           = (rows + p.rows_per_block - 1) / p.rows_per_block;
+    const int blocks = std::min((rows + kExactWarps - 1) / kExactWarps, dev.sms * 4);
     return frt_launch(frt_gemv_exact_kernel, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p);
 }
