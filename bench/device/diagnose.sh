@@ -28,9 +28,9 @@
 #                         .xtask/device/gemv when there, else compiled), meanwhile the build; parity on
 #                         the 4-layer model in the default configuration, cargo xtask profile (stock vs
 #                         default), then 40-layer parity
-#   diagnose.sh serve     llama-server on the 40-layer `synth --stable` model: 16 prompts alone,
-#                         then together (bench/tools/server-agreement.py), for stock and for the
-#                         overlay's default: the self-agreement that serve comparisons are judged by
+#   diagnose.sh serve     cargo xtask serve-check on the 40-layer `synth --stable` model (8 slots,
+#                         REQUESTS a round, default 256, ROUNDS rounds, default 4): stock alone as
+#                         the reference, then stock and the overlay under load
 # Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact|default|serve. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
@@ -227,15 +227,12 @@ default)
     parity "default, 40 layers" "$model"
     ;;
 serve)
-    stable=/tmp/models/qwen36-stable.gguf
-    [ -f "$stable" ] || "$xtask" synth --preset qwen36-35b-a3b --stable --out "$stable" >> "$out/synth.log" 2>&1
-    for setting in stock default; do
-        late "serve $setting" && continue
-        flag=0; [ $setting = stock ] && flag=1
-        GGML_CUDA_FLASHRT_DISABLE=$flag python3 bench/tools/server-agreement.py "$bin/llama-server" "$stable" 18080 \
-            -- -ngl 99 -fa on > "$out/serve-$setting.txt" 2>&1 || true
-        say "| $setting | $(tail -1 "$out/serve-$setting.txt") |"
-    done
+    if ! late serve-check; then
+        "$xtask" serve-check --arch 90a --requests "${REQUESTS:-256}" --rounds "${ROUNDS:-4}" \
+            > "$out/serve-check.log" 2>&1 || say "serve-check FAILED"
+        grep -v '^\[' "$out/serve-check.log" | sed -n '/^| mode/,/^Verdict/p' | tee -a "$out/summary.txt"
+        cp bench/results/*serve-check.* "$out/" 2>/dev/null || true
+    fi
     ;;
 *)
     echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve"; exit 2 ;;

@@ -3,7 +3,7 @@
 //! says why the others are skipped.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -15,7 +15,7 @@ use crate::config::{CellKind, Check, Flavor, Matrix};
 use crate::doctor;
 use crate::patch;
 use crate::project::{step, Project};
-use crate::server::Server;
+use crate::serve_check::{self, ServeCheckArgs};
 use crate::synth::{self, Preset, Quant, SynthArgs};
 use crate::test_backend_ops::{self, TestBackendOpsArgs};
 use crate::toolchain::{self, Cuda, CudaChoice, Provision};
@@ -458,31 +458,31 @@ fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> 
             );
         }
     }
-    serve_once(&server, &to_run[0], &models.join("llama-server.log"))
+    serve_small(&server, &to_run[0], &models.join("serve-check"))
 }
 
-/// One greedy completion of 4 tokens from llama-server on `model` (-nr: no CPU repack, as above).
-fn serve_once(server: &Path, model: &Path, log: &Path) -> Result<()> {
-    let args: Vec<String> = vec![
-        "-m".into(),
-        model.display().to_string(),
-        "-c".into(),
-        "256".into(),
-        "-np".into(),
-        "2".into(),
-        "-nr".into(),
-    ];
-    println!("llama-server {} ...", args.join(" "));
-    let running = Server::start(server, &args, log, Duration::from_secs(180))?;
-    let answer = running.post_json(
-        "/completion",
-        &serde_json::json!({ "prompt": "Hello", "n_predict": 4, "temperature": 0, "ignore_eos": true }),
-    )?;
-    let predicted = answer["tokens_predicted"].as_u64();
-    if predicted != Some(4) || !answer["content"].is_string() {
-        bail!("llama-server's completion is not 4 tokens of text: {answer}");
+/// llama-server on `model` under a small concurrent load (serve-check on the CPU build): every
+/// request answered, hung up on or refused as planned, the server alive, its memory flat.
+fn serve_small(server: &Path, model: &Path, logs: &Path) -> Result<()> {
+    let args = ServeCheckArgs {
+        model: Some(model.to_owned()),
+        preset: Preset::Qwen3_0_6b,
+        seed: 1,
+        arch: None,
+        host_src: None,
+        slots: 2,
+        slot_ctx: 256,
+        requests: 12,
+        rounds: 2,
+        clients: None,
+        cpu: true,
+        server_args: Vec::new(),
+    };
+    let report = serve_check::check(server, model, &args, logs)?;
+    println!("{}", serve_check::markdown(&report, "cpu", model));
+    if !report.verdict.is_empty() {
+        bail!("llama-server under load: {}", report.verdict.join("; "));
     }
-    println!("llama-server answered: {:?}", answer["content"]);
     Ok(())
 }
 

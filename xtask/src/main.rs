@@ -16,6 +16,7 @@ mod parity;
 mod patch;
 mod profile;
 mod project;
+mod serve_check;
 mod server;
 mod synth;
 mod test_backend_ops;
@@ -70,6 +71,8 @@ enum Command {
     Parity(parity::ParityArgs),
     /// Where decode time goes: a CUPTI kernel trace per step, stock vs overlay, per kernel family.
     Profile(profile::ProfileArgs),
+    /// llama-server under concurrent load, stock vs overlay: nothing lost, answers compared.
+    ServeCheck(serve_check::ServeCheckArgs),
     /// Summarise a GGML_FLASHRT_DUMP file: window coverage and the ops no window covers.
     Coverage(coverage::CoverageArgs),
     /// Run the CI matrix cells this machine can run.
@@ -102,6 +105,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench::run(&sh, &project, args),
         Command::Parity(args) => parity::run(&sh, &project, args),
         Command::Profile(args) => profile::run(&sh, &project, args),
+        Command::ServeCheck(args) => serve_check::run(&sh, &project, args),
         Command::Coverage(args) => coverage::run(args),
         Command::Ci(args) => ci::run(&sh, &project, args),
     }

@@ -18,9 +18,15 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `binary` with `args` (a model, context, slots…) on a free port, its stdout and
-    /// stderr in `log`, and waits up to `timeout` for `/health` to answer 200.
-    pub fn start(binary: &Path, args: &[String], log: &Path, timeout: Duration) -> Result<Server> {
+    /// Starts `binary` with `args` (a model, context, slots…) and `env` on a free port, its stdout
+    /// and stderr in `log`, and waits up to `timeout` for `/health` to answer 200.
+    pub fn start(
+        binary: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log: &Path,
+        timeout: Duration,
+    ) -> Result<Server> {
         let port = free_port()?;
         let out =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
@@ -30,6 +36,7 @@ impl Server {
         let child = Command::new(binary)
             .args(args)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -67,15 +74,46 @@ impl Server {
         }
     }
 
-    /// POSTs a JSON body to `path` and returns the JSON answer; a status other than 200 is an error.
-    pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Result<serde_json::Value> {
-        let (status, text) = request(self.port, "POST", path, &body.to_string())
-            .with_context(|| format!("POST {path} to llama-server"))?;
-        if status != 200 {
-            bail!("llama-server answered POST {path} with {status}: {text}");
-        }
-        serde_json::from_str(&text)
-            .with_context(|| format!("llama-server's answer to POST {path}: {text}"))
+    /// POSTs a JSON body to `path`; the status and the body, whatever the status.
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> Result<(u16, String)> {
+        request(self.port, "POST", path, &body.to_string())
+            .with_context(|| format!("POST {path} to llama-server"))
+    }
+
+    /// POSTs a streaming request and hangs up after `events` server-sent events (a client that
+    /// goes away mid-answer); returns how many events came before it hung up.
+    pub fn post_and_hang_up(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        events: usize,
+    ) -> Result<usize> {
+        stream_and_hang_up(self.port, path, &body.to_string(), events)
+            .with_context(|| format!("streaming POST {path} to llama-server"))
+    }
+
+    /// Whether `/health` answers 200 now.
+    pub fn healthy(&self) -> bool {
+        matches!(request(self.port, "GET", "/health", ""), Ok((200, _)))
+    }
+
+    /// The server's resident memory now, in bytes (Linux: /proc/PID/status), if it can be read.
+    pub fn resident_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .ok()?;
+        Some(kib * 1024)
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 }
 
@@ -113,6 +151,35 @@ fn request(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, Stri
         .read_to_end(&mut answer)
         .context("reading the answer")?;
     parse_response(&String::from_utf8_lossy(&answer))
+}
+
+/// A streaming POST read until `events` `data:` lines have come (or the answer ends), then the
+/// connection dropped.
+fn stream_and_hang_up(port: u16, path: &str, body: &str, events: usize) -> Result<usize> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).context("connecting")?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(300)))
+        .context("setting a read timeout")?;
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .context("sending the request")?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let seen = String::from_utf8_lossy(&got).matches("data: ").count();
+        if seen >= events {
+            return Ok(seen);
+        }
+        let n = stream.read(&mut buf).context("reading the stream")?;
+        if n == 0 {
+            return Ok(seen);
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
 }
 
 /// The status and body of an HTTP/1.1 response (a `Content-Length` body or one ended by the
@@ -176,33 +243,38 @@ mod tests {
         assert!(parse_response("garbage\r\n\r\n").is_err());
     }
 
-    /// A one-shot HTTP server on a free port answering `reply` to the first request, which it
-    /// returns. It reads the whole request first (headers, then Content-Length bytes): closing a
+    /// Reads one whole HTTP request from `stream` (headers, then Content-Length bytes): closing a
     /// socket with unread input resets the connection under the client.
+    fn read_request(stream: &mut TcpStream) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            let text = String::from_utf8_lossy(&got).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Content-Length: "))
+                    .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+                if body.len() >= length {
+                    return text;
+                }
+            }
+            let n = stream.read(&mut buf).unwrap();
+            assert!(n > 0, "the client closed before its request was complete");
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    /// A one-shot HTTP server on a free port answering `reply` to the first request, which it
+    /// returns.
     fn fake_server(reply: &'static str) -> (u16, thread::JoinHandle<String>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let handle = thread::spawn(move || {
             let (mut stream, _) = listener.accept().unwrap();
-            let mut got = Vec::new();
-            let mut buf = [0u8; 1024];
-            loop {
-                let text = String::from_utf8_lossy(&got).into_owned();
-                if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let length = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("Content-Length: "))
-                        .map_or(0, |n| n.trim().parse::<usize>().unwrap());
-                    if body.len() >= length {
-                        break;
-                    }
-                }
-                let n = stream.read(&mut buf).unwrap();
-                assert!(n > 0, "the client closed before its request was complete");
-                got.extend_from_slice(&buf[..n]);
-            }
+            let got = read_request(&mut stream);
             stream.write_all(reply.as_bytes()).unwrap();
-            String::from_utf8_lossy(&got).into_owned()
+            got
         });
         (port, handle)
     }
@@ -219,10 +291,36 @@ mod tests {
     }
 
     #[test]
+    fn a_streaming_client_hangs_up_after_the_events_it_wanted() {
+        // The server sends two events and keeps the connection open: the client must close it.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let handle = thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            read_request(&mut stream);
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\n\r\ndata: {\"content\":\"a\"}\n\ndata: {\"content\":\"b\"}\n\n")
+                .unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(30)))
+                .unwrap();
+            let mut rest = [0u8; 16];
+            // 0 bytes: the client hung up (a timeout would be an error here).
+            stream.read(&mut rest).unwrap()
+        });
+        assert_eq!(stream_and_hang_up(port, "/completion", "{}", 2).unwrap(), 2);
+        assert_eq!(handle.join().unwrap(), 0);
+        // An answer with fewer events than wanted ends with the connection: all it had.
+        let (port, handle) = fake_server("HTTP/1.1 200 OK\r\n\r\ndata: {}\n\n");
+        assert_eq!(stream_and_hang_up(port, "/completion", "{}", 5).unwrap(), 1);
+        handle.join().unwrap();
+    }
+
+    #[test]
     fn a_server_that_exits_is_reported_with_its_log() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("server.log");
-        let err = match Server::start(Path::new("false"), &[], &log, Duration::from_secs(10)) {
+        let err = match Server::start(Path::new("false"), &[], &[], &log, Duration::from_secs(10)) {
             Ok(_) => panic!("`false` is not a server"),
             Err(e) => format!("{e:#}"),
         };

@@ -843,10 +843,31 @@ fn preset_name(preset: Preset) -> String {
 
 /// The preset's full-size model in .xtask/models, written first if missing.
 pub fn ensure_model(sh: &Shell, project: &Project, preset: Preset, seed: u64) -> Result<PathBuf> {
-    let out = project
-        .work()
-        .join("models")
-        .join(format!("{}-s{seed}.gguf", preset_name(preset)));
+    ensure(sh, project, preset, seed, false)
+}
+
+/// The same with `--stable` (greedy answers that hardly depend on batch composition).
+pub fn ensure_stable_model(
+    sh: &Shell,
+    project: &Project,
+    preset: Preset,
+    seed: u64,
+) -> Result<PathBuf> {
+    ensure(sh, project, preset, seed, true)
+}
+
+fn ensure(
+    sh: &Shell,
+    project: &Project,
+    preset: Preset,
+    seed: u64,
+    stable: bool,
+) -> Result<PathBuf> {
+    let out = project.work().join("models").join(format!(
+        "{}-s{seed}{}.gguf",
+        preset_name(preset),
+        if stable { "-stable" } else { "" }
+    ));
     if !out.is_file() {
         run(
             sh,
@@ -859,7 +880,7 @@ pub fn ensure_model(sh: &Shell, project: &Project, preset: Preset, seed: u64) ->
                 experts: None,
                 tensor_type: Vec::new(),
                 mtp: false,
-                stable: false,
+                stable,
             },
         )?;
     }
