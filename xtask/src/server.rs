@@ -133,8 +133,8 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-/// One HTTP/1.1 request with `Connection: close`; returns the status and the body.
-fn request(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, String)> {
+/// Connects and sends one HTTP/1.1 request with `Connection: close`; the answer is left to read.
+fn send_request(port: u16, method: &str, path: &str, body: &str) -> Result<TcpStream> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).context("connecting")?;
     stream
         .set_read_timeout(Some(Duration::from_secs(300)))
@@ -146,6 +146,12 @@ fn request(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, Stri
         body.len()
     )
     .context("sending the request")?;
+    Ok(stream)
+}
+
+/// One HTTP/1.1 request; returns the status and the body.
+fn request(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, String)> {
+    let mut stream = send_request(port, method, path, body)?;
     let mut answer = Vec::new();
     stream
         .read_to_end(&mut answer)
@@ -156,17 +162,7 @@ fn request(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, Stri
 /// A streaming POST read until `events` `data:` lines have come (or the answer ends), then the
 /// connection dropped.
 fn stream_and_hang_up(port: u16, path: &str, body: &str, events: usize) -> Result<usize> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).context("connecting")?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(300)))
-        .context("setting a read timeout")?;
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .context("sending the request")?;
+    let mut stream = send_request(port, "POST", path, body)?;
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
