@@ -13,6 +13,7 @@ use xshell::{cmd, Shell};
 use crate::build::{self, BuildArgs};
 use crate::config::{CellKind, Check, Flavor, Matrix};
 use crate::doctor;
+use crate::fa4_aot;
 use crate::patch;
 use crate::project::{step, Project};
 use crate::serve_check::{self, ServeCheckArgs};
@@ -234,6 +235,7 @@ fn run_cell(sh: &Shell, project: &Project, cell: &Cell) -> Result<()> {
                 .run()?,
                 Check::Test => cmd!(sh, "{cargo} test --workspace").run()?,
                 Check::OverlayUnit => overlay_unit_tests(sh, project)?,
+                Check::Fa4Aot => fa4_aot::check_all(project)?,
             }
             Ok(())
         }

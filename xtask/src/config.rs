@@ -192,6 +192,8 @@ pub enum Check {
     Test,
     /// The overlay's host-only unit tests (switch precedence), with the C++ compiler.
     OverlayUnit,
+    /// The committed FlashAttention-4 objects match fa4_aot/manifest.toml.
+    Fa4Aot,
 }
 
 /// host × archs × flavors for one kind of cell.
@@ -283,6 +285,7 @@ impl std::fmt::Display for Check {
             Check::Clippy => "clippy",
             Check::Test => "test",
             Check::OverlayUnit => "overlay-unit",
+            Check::Fa4Aot => "fa4-aot",
         })
     }
 }

@@ -9,6 +9,7 @@ mod ci;
 mod config;
 mod coverage;
 mod doctor;
+mod fa4_aot;
 mod fsutil;
 mod gguf;
 mod host;
@@ -73,6 +74,8 @@ enum Command {
     Profile(profile::ProfileArgs),
     /// llama-server under concurrent load, stock vs overlay: nothing lost, answers compared.
     ServeCheck(serve_check::ServeCheckArgs),
+    /// FlashAttention-4 kernels compiled ahead of time: generate (CPU, Python) or --check the committed objects.
+    Fa4Aot(fa4_aot::Fa4AotArgs),
     /// Summarise a GGML_FLASHRT_DUMP file: window coverage and the ops no window covers.
     Coverage(coverage::CoverageArgs),
     /// Run the CI matrix cells this machine can run.
@@ -106,6 +109,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Parity(args) => parity::run(&sh, &project, args),
         Command::Profile(args) => profile::run(&sh, &project, args),
         Command::ServeCheck(args) => serve_check::run(&sh, &project, args),
+        Command::Fa4Aot(args) => fa4_aot::run(&sh, &project, args),
         Command::Coverage(args) => coverage::run(args),
         Command::Ci(args) => ci::run(&sh, &project, args),
     }
