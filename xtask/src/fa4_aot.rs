@@ -286,7 +286,7 @@ pub fn run(sh: &Shell, project: &Project, args: Fa4AotArgs) -> Result<()> {
             })?;
         lines.extend(out.lines().map(str::to_owned));
     }
-    let mut changed = Vec::new();
+    let (mut changed, mut fresh, mut same) = (Vec::new(), Vec::new(), 0);
     for line in lines.iter().filter(|l| l.starts_with('{')) {
         let made: Generated = serde_json::from_str(line)
             .with_context(|| format!("reading the generator's line {line}"))?;
@@ -297,9 +297,12 @@ pub fn run(sh: &Shell, project: &Project, args: Fa4AotArgs) -> Result<()> {
             .with_context(|| {
                 format!("the generator made {}, which the manifest lacks", made.name)
             })?;
-        let was = (module.object_sha256.clone(), module.header_sha256.clone());
-        if !was.0.is_empty() && (was.0 != made.o_sha256 || was.1 != made.h_sha256) {
+        if module.object_sha256.is_empty() {
+            fresh.push(module.name.clone());
+        } else if module.object_sha256 != made.o_sha256 || module.header_sha256 != made.h_sha256 {
             changed.push(module.name.clone());
+        } else {
+            same += 1;
         }
         println!(
             "{:<44} {:>6.1} s  .o {}  .h {}",
@@ -312,13 +315,17 @@ pub fn run(sh: &Shell, project: &Project, args: Fa4AotArgs) -> Result<()> {
         module.header_sha256 = made.h_sha256;
     }
     manifest.write(&path)?;
-    if changed.is_empty() {
+    println!("fa4-aot: {same} module(s) reproduced their recorded bytes");
+    if !fresh.is_empty() {
         println!(
-            "fa4-aot: manifest up to date; every module reproduced its recorded bytes (or was new)"
+            "fa4-aot: first generated (hashes recorded): {}",
+            fresh.join(", ")
         );
-    } else {
+    }
+    if !changed.is_empty() {
         println!(
-            "fa4-aot: these modules differ from their recorded bytes (new hashes written): {}",
+            "fa4-aot: different bytes from the recorded ones (new hashes written; the toolchain or \
+             the generator changed): {}",
             changed.join(", ")
         );
     }
