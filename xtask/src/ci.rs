@@ -16,7 +16,7 @@ use crate::doctor;
 use crate::fa4_aot;
 use crate::patch;
 use crate::project::{step, Project};
-use crate::serve_check::{self, ServeCheckArgs};
+use crate::serve_check::{self, Load};
 use crate::synth::{self, Preset, Quant, SynthArgs};
 use crate::test_backend_ops::{self, TestBackendOpsArgs};
 use crate::toolchain::{self, Cuda, CudaChoice, Provision};
@@ -399,7 +399,7 @@ fn overlay_unit_tests(sh: &Shell, project: &Project) -> Result<()> {
 
 /// The CPU build must run models: a tiny llama written by the host's own test-llama-archs, and
 /// small variants of the synth presets (their metadata and tensors as llama.cpp loads them); and
-/// llama-server, built offline, must answer a completion.
+/// llama-server, built offline, must serve a small concurrent load (serve_small).
 fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> {
     let bin = built.build_dir.join("bin");
     let (bench, archs, server) = (
@@ -466,21 +466,14 @@ fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> 
 /// llama-server on `model` under a small concurrent load (serve-check on the CPU build): every
 /// request answered, hung up on or refused as planned, the server alive, its memory flat.
 fn serve_small(server: &Path, model: &Path, logs: &Path) -> Result<()> {
-    let args = ServeCheckArgs {
-        model: Some(model.to_owned()),
-        preset: Preset::Qwen3_0_6b,
-        seed: 1,
-        arch: None,
-        host_src: None,
+    let load = Load {
         slots: 2,
         slot_ctx: 256,
         requests: 12,
         rounds: 2,
         clients: None,
-        cpu: true,
-        server_args: Vec::new(),
     };
-    let report = serve_check::check(server, model, &args, logs)?;
+    let report = serve_check::check(server, model, &load, true, &[], logs)?;
     println!("{}", serve_check::markdown(&report, "cpu", model));
     if !report.verdict.is_empty() {
         bail!("llama-server under load: {}", report.verdict.join("; "));

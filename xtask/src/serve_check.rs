@@ -45,6 +45,20 @@ pub struct ServeCheckArgs {
     /// Use this local checkout, extracted tree or archive as the host source (must match the pin).
     #[arg(long, value_name = "DIR|ARCHIVE")]
     pub host_src: Option<PathBuf>,
+    #[command(flatten)]
+    pub load: Load,
+    /// Run the CPU build instead (no GPU needed: checks the server and this command; stock and
+    /// overlay are the same code there, so one mode is run).
+    #[arg(long)]
+    pub cpu: bool,
+    /// More llama-server arguments, after `--` (e.g. `-- --cont-batching`).
+    #[arg(last = true, value_name = "SERVER ARGS")]
+    pub server_args: Vec<String>,
+}
+
+/// The load put on the server.
+#[derive(Debug, Args, Clone)]
+pub struct Load {
     /// Server slots (llama-server -np): sequences decoded together.
     #[arg(long, default_value_t = 8)]
     pub slots: u32,
@@ -60,18 +74,10 @@ pub struct ServeCheckArgs {
     /// Clients sending at once (default: twice the slots, so requests queue).
     #[arg(long)]
     pub clients: Option<usize>,
-    /// Run the CPU build instead (no GPU needed: checks the server and this command; stock and
-    /// overlay are the same code there, so one mode is run).
-    #[arg(long)]
-    pub cpu: bool,
-    /// More llama-server arguments, after `--` (e.g. `-- --cont-batching`).
-    #[arg(last = true, value_name = "SERVER ARGS")]
-    pub server_args: Vec<String>,
 }
 
 /// What a planned request is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// A greedy completion, answered in full and compared with the reference.
     Complete,
@@ -82,7 +88,7 @@ pub enum Kind {
     TooLong,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Planned {
     pub kind: Kind,
     pub prompt: String,
@@ -136,7 +142,7 @@ fn body(p: &Planned, stream: bool) -> serde_json::Value {
 }
 
 /// What became of one request.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// Answered in full: its text and tokens.
     Answered { text: String, tokens: u64 },
@@ -148,7 +154,7 @@ pub enum Outcome {
     Failed { why: String },
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Done {
     pub index: usize,
     pub outcome: Outcome,
@@ -181,8 +187,7 @@ fn send(server: &Server, p: &Planned) -> Outcome {
                     why: format!("not JSON ({e}): {text}"),
                 },
             },
-            Ok((status, text)) if p.kind == Kind::TooLong && (400..500).contains(&status) => {
-                let _ = text;
+            Ok((status, _)) if p.kind == Kind::TooLong && (400..500).contains(&status) => {
                 Outcome::Refused { status }
             }
             Ok((status, text)) => Outcome::Failed {
@@ -357,7 +362,8 @@ struct Mode {
 }
 
 pub fn run(sh: &Shell, project: &Project, args: ServeCheckArgs) -> Result<()> {
-    if args.requests < 2 || args.rounds == 0 || args.slots == 0 {
+    let load = &args.load;
+    if load.requests < 2 || load.rounds == 0 || load.slots == 0 {
         bail!("serve-check needs --requests >= 2, --rounds >= 1 and --slots >= 1");
     }
     let device = if args.cpu {
@@ -387,7 +393,14 @@ pub fn run(sh: &Shell, project: &Project, args: ServeCheckArgs) -> Result<()> {
         Some(model) => model.clone(),
         None => synth::ensure_stable_model(sh, project, args.preset, args.seed)?,
     };
-    let report = check(&binary, &model, &args, &project.work().join("serve-check"))?;
+    let report = check(
+        &binary,
+        &model,
+        load,
+        args.cpu,
+        &args.server_args,
+        &project.work().join("serve-check"),
+    )?;
     let md = markdown(&report, &device, &model);
     println!("{md}");
     let dir = project.root.join("bench").join("results");
@@ -422,27 +435,35 @@ pub struct Report {
     pub verdict: Vec<String>,
 }
 
-/// Runs the reference and every mode against `binary` serving `model`; logs go to `logs`.
-pub fn check(binary: &Path, model: &Path, args: &ServeCheckArgs, logs: &Path) -> Result<Report> {
+/// Runs the reference and every mode against `binary` serving `model` (the CPU build's one mode
+/// with `cpu`; `extra` more llama-server arguments); logs go to `logs`.
+pub fn check(
+    binary: &Path,
+    model: &Path,
+    load: &Load,
+    cpu: bool,
+    extra: &[String],
+    logs: &Path,
+) -> Result<Report> {
     std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
-    let planned = plan(args.requests, args.slot_ctx);
-    let clients = args.clients.unwrap_or(2 * args.slots as usize);
+    let planned = plan(load.requests, load.slot_ctx);
+    let clients = load.clients.unwrap_or(2 * load.slots as usize);
     let mut server_args: Vec<String> = vec![
         "-m".into(),
         model.display().to_string(),
         "-np".into(),
-        args.slots.to_string(),
+        load.slots.to_string(),
         "-c".into(),
-        (args.slots * args.slot_ctx).to_string(),
+        (load.slots * load.slot_ctx).to_string(),
     ];
-    if args.cpu {
+    if cpu {
         server_args.push("-nr".into()); // the CPU repack path crashes on batched prompts on some machines
     } else {
         server_args.extend(["-ngl", "99", "-fa", "on"].map(String::from));
     }
-    server_args.extend(args.server_args.iter().cloned());
+    server_args.extend(extra.iter().cloned());
     let stock_env = vec![("GGML_CUDA_FLASHRT_DISABLE".to_owned(), "1".to_owned())];
-    let modes = if args.cpu {
+    let modes = if cpu {
         vec![Mode {
             name: "cpu",
             env: Vec::new(),
@@ -462,8 +483,8 @@ pub fn check(binary: &Path, model: &Path, args: &ServeCheckArgs, logs: &Path) ->
 
     // The reference: stock, one request at a time.
     println!(
-        "serve-check: reference, {} requests one at a time (stock)",
-        planned.len()
+        "serve-check: reference, {} completions one at a time (stock)",
+        planned.iter().filter(|p| p.kind == Kind::Complete).count()
     );
     let reference: Vec<Option<String>> = {
         let server = Server::start(
@@ -473,14 +494,17 @@ pub fn check(binary: &Path, model: &Path, args: &ServeCheckArgs, logs: &Path) ->
             &logs.join("reference.log"),
             Duration::from_secs(600),
         )?;
+        // Only the completions are compared: the others are not sent.
         planned
             .iter()
-            .map(|p| match (p.kind, send(&server, p)) {
-                (Kind::Complete, Outcome::Answered { text, .. }) => Ok(Some(text)),
-                (Kind::Complete, other) => {
-                    bail!("the reference run (stock, alone) failed: {other:?}")
+            .map(|p| {
+                if p.kind != Kind::Complete {
+                    return Ok(None);
                 }
-                _ => Ok(None),
+                match send(&server, p) {
+                    Outcome::Answered { text, .. } => Ok(Some(text)),
+                    other => bail!("the reference run (stock, alone) failed: {other:?}"),
+                }
             })
             .collect::<Result<_>>()?
     };
@@ -498,7 +522,7 @@ pub fn check(binary: &Path, model: &Path, args: &ServeCheckArgs, logs: &Path) ->
         )?;
         let mut tally = Tally::default();
         let mut latencies = Vec::new();
-        for r in 0..args.rounds {
+        for r in 0..load.rounds {
             let (done, wall) = round(&server, &planned, clients);
             latencies.extend(
                 done.iter()
@@ -516,7 +540,7 @@ pub fn check(binary: &Path, model: &Path, args: &ServeCheckArgs, logs: &Path) ->
                 "serve-check: {} round {}/{}: {} answered, {} hung up, {} refused, {} failed, {:.1} s",
                 mode.name,
                 r + 1,
-                args.rounds,
+                load.rounds,
                 tally.answered,
                 tally.hung_up,
                 tally.refused,
@@ -551,10 +575,10 @@ pub fn check(binary: &Path, model: &Path, args: &ServeCheckArgs, logs: &Path) ->
         _ => None,
     };
     Ok(Report {
-        slots: args.slots,
-        slot_ctx: args.slot_ctx,
-        requests: args.requests,
-        rounds: args.rounds,
+        slots: load.slots,
+        slot_ctx: load.slot_ctx,
+        requests: load.requests,
+        rounds: load.rounds,
         clients,
         modes: tallies,
         agreement_floor: floor,

@@ -209,12 +209,11 @@ impl Model {
         Ok(m)
     }
 
-    /// Stores the tensors matching each `(pattern, type)` as that type (the last match wins).
     /// Rescales the weights so that greedy decoding does not hinge on rounding: the token
-    /// embedding dominates the residual stream (std 1, while each layer's output projections add
-    /// 0.002-std terms), the LM head's logits are far apart (std 0.1: ~4.5 per logit) and so are
-    /// the router's (std 0.2). Batch composition and kernel choice then change few greedy tokens,
-    /// so runs can be compared by their text.
+    /// embedding dominates the residual stream (std 1, while each layer's output projections are
+    /// drawn at std 0.001), and the LM head's logits (std 0.3) and the router's scores (std 0.2)
+    /// lie far apart. Batch composition and kernel choice then change few greedy tokens, so runs
+    /// can be compared by their text.
     pub fn stabilize(&mut self) {
         for t in &mut self.tensors {
             if !matches!(t.init, Init::Weight(_)) {
@@ -239,6 +238,7 @@ impl Model {
         }
     }
 
+    /// Stores the tensors matching each `(pattern, type)` as that type (the last match wins).
     pub fn override_types(&mut self, overrides: &[(String, Quant)]) -> Result<()> {
         for (pattern, quant) in overrides {
             let mut matched = false;
