@@ -87,7 +87,7 @@ profile)
     "$xtask" profile --model "$model" --arch 90a --save-traces "$traces" 2>&1 | tee "$out/profile.log" \
         | grep -v '^\[' | tail -60 || say "profile FAILED"
     [ -f "$traces/inputs.json" ] && tar -czf "$out/traces.tgz" -C "$traces" .
-    results=$(sed -n 's/^results: //p' "$out/profile.log" | tail -1)
+    results=$(results_dir "$out/profile.log")
     [ -n "$results" ] && [ -d "$results" ] && tar -czf "$out/profile.tgz" -C "$(dirname "$results")" "$(basename "$results")"
     ;;
 bench)

@@ -217,7 +217,7 @@ default)
     grep -h "FAIL" "$out/gemv/tests.txt" | head -10 | tee -a "$out/summary.txt" || true
     if ! late profile; then
         "$xtask" profile --model "$model" --arch 90a > "$out/profile.log" 2>&1 || say "profile FAILED"
-        results=$(sed -n 's/^results: //p' "$out/profile.log" | tail -1)
+        results=$(results_dir "$out/profile.log")
         if [ -n "$results" ] && [ -d "$results" ]; then
             cp -r "$results" "$out/profile"
             sed -n '/^## Per decode step/,/^## Kernel families/p' "$results/profile.md" | grep '^|' | tee -a "$out/summary.txt"

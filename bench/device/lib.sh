@@ -3,6 +3,7 @@
 #                       exports FLASHRT_COMMIT and unpacks the carried pinned tree
 #   say TEXT...         prints a line and appends it to $out/summary.txt
 #   archive_out NAME    packs $out into $out/all.tgz (the device tool returns few files)
+#   results_dir LOG     the results folder an xtask command's log names (its last `results:` line)
 #   gemv_windows        the decode GEMV windows, for FRT_<NAME>_SWAP=1
 
 # The decode GEMV windows (tier safe since the exact kernel: parity-clean and faster).
@@ -26,4 +27,8 @@ say() {
 
 archive_out() {
     tar -czf "/tmp/$1.tgz" -C "$out" . && mv "/tmp/$1.tgz" "$out/all.tgz"
+}
+
+results_dir() {
+    sed -n 's/^results: //p' "$1" | tail -1
 }

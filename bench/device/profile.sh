@@ -23,7 +23,7 @@ if [ -f "$traces/inputs.json" ]; then
     tar -czf "$out/traces.tgz" -C "$traces" .
 fi
 # The directory this run wrote (the tree may hold older profiles).
-results=$(sed -n 's/^results: //p' "$out/profile.log" | tail -1)
+results=$(results_dir "$out/profile.log")
 if [ -n "$results" ] && [ -d "$results" ]; then
     cp -r "$results" "$out/profile"
     say "profile: $(basename "$results")"

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use xshell::{cmd, Shell};
 
+use crate::config::read_toml;
 use crate::project::{step, Project};
 
 #[derive(Debug, Args)]
@@ -79,10 +80,7 @@ impl Manifest {
     }
 
     pub fn load(path: &Path) -> Result<Manifest> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let manifest: Manifest =
-            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let manifest: Manifest = read_toml(path)?;
         manifest
             .validate()
             .with_context(|| format!("{}", path.display()))?;
