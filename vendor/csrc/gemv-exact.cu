@@ -10,29 +10,50 @@
 //
 // mmvq's order for one token (ncols_dst = 1, 4 warps a row on NVIDIA): thread t of 128 takes the
 // items t, t + 128, ... of the row (an item: `per_block` threads share a block, item t is block
-// t / per_block + per_iter * m, position t % per_block) and adds its dot products in that order
-// from 0; warp 0 then adds warps 1, 2 and 3 lane by lane, in that order; then a butterfly over the
-// 32 lanes (xor 16, 8, 4, 2, 1). Here one warp takes a row: lane l computes the sums of threads
-// l, l + 32, l + 64 and l + 96 (4 accumulators, each in its own order), adds them as warp 0 does,
-// and does the same butterfly. Each item's arithmetic repeats stock's vec_dot expression for
-// expression (same operations, same contraction under -use_fast_math/-fmad).
+// t / per_block, position t % per_block) and adds its dot products in that order from 0; warp 0
+// then adds warps 1, 2 and 3 lane by lane, in that order; then a butterfly over the 32 lanes (xor
+// 16, 8, 4, 2, 1). Each item's arithmetic here repeats stock's vec_dot expression for expression
+// (same operations, same contraction under -use_fast_math/-fmad).
+//
+// Thread t of each 128 computes stock's thread t of a row; what differs is what a block does
+// around that:
+// - a block (512 threads) takes a run of contiguous rows of one matrix (one expert slot) and
+//   copies them into shared memory with cp.async in one go, before the wait for the previous
+//   kernel (weights are not written by kernels; expert rows right after the wait, their ids come
+//   from an earlier kernel): the whole launch's weights are in flight at once, while the previous
+//   kernel ends and the block norms and quantizes x (which stock runs as separate kernels);
+// - x's words for a thread's items are read once and reused for every row;
+// - rows of at most 64 items (k = 512) take 64 or 32 threads each, side by side, where stock
+//   leaves those threads idle (their sums, zeros, are still added in the same place);
+// - the cross-warp sums of all of a block's rows go through shared memory behind one barrier.
+// Measured against one warp a row (every lane playing 4 of stock's threads) in gemv-bench on the
+// H200 (docs/perf-notes.md): 1.1-1.8x faster at every decode shape but the shared expert's down.
 //
 // mmvf's order for F32 (ncols_dst = 1): a block of B threads (the smallest B of 32, 64, ... 256
 // with the fewest passes over the k / 2 float pairs), thread t adding w * x of pairs t, t + B, ...
 // (x then y of each pair, fused), a butterfly in each warp, then the B / 32 warp sums (zeros past
-// them) in one more butterfly. Here lane l of the row's warp keeps threads l, l + 32, ... apart.
+// them) in one more butterfly. Here one warp takes a row, lane l keeping threads l, l + 32, ... apart.
 
 #include "gemv-impl.cuh"
 
-// One segment as the kernel reads it: rows [row_begin, row_begin + slots x rows) of the launch's
-// rows (slots: the experts a token, or 1).
+static constexpr int kStockThreads = 128;  // stock mmvq's block for one token: the threads of a row
+// A block: 4 rows' worth of stock's threads side by side, 2 blocks an SM. Large blocks because
+// every block norms and quantizes x itself: 2 blocks an SM do that 264 times a launch on the H200
+// where 128-thread blocks did it over a thousand times (gemv-bench: attn_qkv 7.2 µs against 11-12).
+static constexpr int kExactThreads = 512;
+static constexpr int kExactMaxRows = 64;  // rows a block
+static constexpr int kExactBlocksPerSm = 2;  // at most 64 registers a thread
+
+// One segment as the kernel reads it: blocks [block_begin, block_begin + slots x chunks) of the
+// launch, chunk c of slot s holding rows [c x rows_per_block, ...) of matrix `slot s`.
 struct exact_seg {
     const uint8_t * w;
     float *         out;
     const float *   residual;
     const int32_t * ids;
     int64_t         row_stride, out_stride, residual_stride, expert_stride;
-    int             type, rows, epilogue, n_experts, row_begin;
+    int             type, rows, epilogue, n_experts, chunks, block_begin;
+    int             stage_unit;  // bytes a cp.async copies when the rows are staged (16, 8 or 4), 0: read in place
 };
 
 struct exact_params {
@@ -43,14 +64,11 @@ struct exact_params {
     int           k, n_vec;
     float *       x_out;
     int64_t       x_out_stride;
-    int           n_segments, total_rows, smem_xm, smem_xf;
+    int           n_segments, rows_per_block, smem_xm, smem_xf, smem_part, smem_stage;
     int           need_q8, need_f32;
     int           f32_block;  // mmvf's block size for k columns
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
 };
-
-static constexpr int kExactWarps   = 8;
-static constexpr int kExactThreads = 32 * kExactWarps;
 
 // A 4-byte word of weights at a 2-byte aligned address (GGUF Q6_K and Q8_0 blocks are 210 and 34
 // bytes), as two 16-bit loads.
@@ -77,130 +95,150 @@ static __device__ __forceinline__ float exact_warp_sum(float v) {
     return v;
 }
 
-// Scale and min (6 bits each) of sub-block j of a Q4_K block whose 12 scale bytes are at q.
-static __device__ __forceinline__ void exact_k4_scale_min(const uint8_t * q, int j, int & sc, int & m) {
+// The scales and mins (6 bits each) of sub-blocks j and j + 1 of a Q4_K block (j even), packed as
+// bytes (scale j, scale j + 1, min j, min j + 1), from its 12 scale bytes q held as three words:
+// q[j] & 63 and q[j + 4] & 63 below j = 4; above, the low nibble (scale) or high nibble (min) of
+// q[j + 4] with the top two bits of q[j - 4] (scale) or q[j] (min) as bits 4 and 5. Byte
+// permutes instead of byte loads: the same integers, a few instructions.
+static __device__ __forceinline__ uint32_t exact_k4_scales_mins(uint32_t s0, uint32_t s1, uint32_t s2, int j) {
+    const uint32_t jj = j % 4;  // 0 or 2
+    const uint32_t t  = __byte_perm(s0, s1, jj | (jj + 1) << 4 | (jj + 4) << 8 | (jj + 5) << 12);  // q[j - 4 or j], q[j or j + 4]
     if (j < 4) {
-        sc = q[j] & 63;
-        m  = q[j + 4] & 63;
-    } else {
-        sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-        m  = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        return t & 0x3F3F3F3F;
     }
+    const uint32_t u = __byte_perm(s2, s2, jj | (jj + 1) << 4 | jj << 8 | (jj + 1) << 12);  // q[j + 4], q[j + 5], twice
+    return (u & 0x00000F0F) | ((u >> 4) & 0x0F0F0000) | ((t >> 2) & 0x30303030);
 }
 
-// One mmvq item of each type: block kbx of the row, position iqs (stock's names), against x.
-// per_block: threads a block; per_iter: blocks a pass of 128 threads moves on.
+// One mmvq item of each type, in three steps: load (the item's weight words, block kbx of a row at
+// position iqs, stock's names), load_x (x's words the item multiplies, the same for every row of
+// a matrix) and dot (stock's vec_dot arithmetic on them). per_block: threads a block.
 template <int TYPE> struct exact_item;
 
 template <> struct exact_item<FRT_GEMV_Q4_K> {
-    static constexpr int per_block = 16, per_iter = 8;
+    static constexpr int per_block = 16, qk = 256;
+    struct w_t {
+        int      v0, v1;
+        uint32_t dm, s0, s1, s2;  // the block's d and dmin (half2), then its 12 scale bytes
+    };
+    struct x_t {
+        int   u[2][2], dot2[2];
+        float d8[2];
+    };
     static __device__ __forceinline__ int iqs(int t) { return 2 * (t % per_block); }
-    static __device__ __forceinline__ float dot(const uint8_t * row, int kbx, int iqs, const int8_t * xq,
-                                                const uint2 * xm) {
+    static __device__ __forceinline__ w_t load(const uint8_t * row, int kbx, int iqs) {
         const uint8_t * blk        = row + 144 * kbx;
         const int       bq8_offset = 2 * ((iqs / 2) / 4);
         const int       r          = (iqs / 2) % 4;
         const int *     q4         = (const int *) (blk + 16 + 16 * bq8_offset + 4 * r);
-        const int       v0 = q4[0], v1 = q4[4];
-        int             sc[2], m[2];
-        exact_k4_scale_min(blk + 4, bq8_offset + 0, sc[0], m[0]);
-        exact_k4_scale_min(blk + 4, bq8_offset + 1, sc[1], m[1]);
+        const uint4     h          = *(const uint4 *) blk;
+        return { q4[0], q4[4], h.x, h.y, h.z, h.w };
+    }
+    static __device__ __forceinline__ x_t load_x(const int8_t * xq, const uint2 * xm, int kbx, int iqs) {
+        const int bq8_offset = 2 * ((iqs / 2) / 4);
+        const int r          = (iqs / 2) % 4;
+        x_t       x;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int b = 8 * kbx + bq8_offset + i;
+            x.d8[i]     = exact_xd(xm, b);
+            x.u[i][0]   = exact_xq(xq, b, r);
+            x.u[i][1]   = exact_xq(xq, b, r + 4);
+            x.dot2[i]   = __dp4a(0x01010101, x.u[i][1], __dp4a(0x01010101, x.u[i][0], 0));
+        }
+        return x;
+    }
+    static __device__ __forceinline__ float dot(const w_t & w, const x_t & x, int iqs) {
+        const uint32_t sm = exact_k4_scales_mins(w.s0, w.s1, w.s2, 2 * ((iqs / 2) / 4));
+        const int      sc[2] = { (int) (sm & 0xff), (int) ((sm >> 8) & 0xff) };
+        const int      m[2]  = { (int) ((sm >> 16) & 0xff), (int) (sm >> 24) };
         float sumf_d = 0.0f;
         float sumf_m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const int   b    = 8 * kbx + bq8_offset + i;
-            const float d8   = exact_xd(xm, b);
-            const int   u0   = exact_xq(xq, b, r);
-            const int   u1   = exact_xq(xq, b, r + 4);
-            const int   v0i  = (v0 >> (4 * i)) & 0x0F0F0F0F;
-            const int   v1i  = (v1 >> (4 * i)) & 0x0F0F0F0F;
-            const int   dot1 = __dp4a(v1i, u1, __dp4a(v0i, u0, 0));
-            const int   dot2 = __dp4a(0x01010101, u1, __dp4a(0x01010101, u0, 0));
-            sumf_d += d8 * (dot1 * sc[i]);
-            sumf_m += d8 * (dot2 * m[i]);
+            const int v0i  = (w.v0 >> (4 * i)) & 0x0F0F0F0F;
+            const int v1i  = (w.v1 >> (4 * i)) & 0x0F0F0F0F;
+            const int dot1 = __dp4a(v1i, x.u[i][1], __dp4a(v0i, x.u[i][0], 0));
+            sumf_d += x.d8[i] * (dot1 * sc[i]);
+            sumf_m += x.d8[i] * (x.dot2[i] * m[i]);
         }
-        const float2 dm = __half22float2(*(const half2 *) blk);
+        const float2 dm = __half22float2(*(const half2 *) &w.dm);
         return dm.x * sumf_d - dm.y * sumf_m;
     }
 };
 
 template <> struct exact_item<FRT_GEMV_Q6_K> {
-    static constexpr int per_block = 32, per_iter = 4;
+    static constexpr int per_block = 32, qk = 256;
+    struct w_t {
+        int      vl, vh, sc[2];
+        uint32_t d;  // the block's half scale
+    };
+    struct x_t {
+        int   u[2];
+        float d8[2];
+    };
     static __device__ __forceinline__ int iqs(int t) { return t % per_block; }
-    static __device__ __forceinline__ float dot(const uint8_t * row, int kbx, int iqs, const int8_t * xq,
-                                                const uint2 * xm) {
+    static __device__ __forceinline__ w_t load(const uint8_t * row, int kbx, int iqs) {
         const uint8_t * blk          = row + 210 * kbx;
-        const int       bq8_offset   = 4 * (iqs / 16) + (iqs % 16) / 8;
         const int       scale_offset = 8 * (iqs / 16) + (iqs % 16) / 4;
         const int       vh_shift     = 2 * ((iqs % 16) / 8);
-        const int       vl           = exact_int_b2(blk + 4 * iqs);
-        const int       vh           = exact_int_b2(blk + 128 + 4 * (8 * (iqs / 16) + iqs % 8)) >> vh_shift;
         const int8_t *  scales       = (const int8_t *) (blk + 192) + scale_offset;
-        float           sumf         = 0.0f;
+        return { exact_int_b2(blk + 4 * iqs), exact_int_b2(blk + 128 + 4 * (8 * (iqs / 16) + iqs % 8)) >> vh_shift,
+                 { scales[0], scales[4] }, *(const uint16_t *) (blk + 208) };
+    }
+    static __device__ __forceinline__ x_t load_x(const int8_t * xq, const uint2 * xm, int kbx, int iqs) {
+        const int bq8_offset = 4 * (iqs / 16) + (iqs % 16) / 8;
+        x_t       x;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const int   sc  = scales[4 * i];
-            const int   b   = 8 * kbx + bq8_offset + 2 * i;
-            const int   u   = exact_xq(xq, b, iqs % 8);
-            const float d8  = exact_xd(xm, b);
-            const int   vil = (vl >> (4 * i)) & 0x0F0F0F0F;
-            const int   vih = ((vh >> (4 * i)) << 4) & 0x30303030;
-            const int   vi  = __vsub4((vil | vih), 0x20202020);
-            sumf += d8 * (__dp4a(vi, u, 0) * sc);
+            const int b = 8 * kbx + bq8_offset + 2 * i;
+            x.u[i]      = exact_xq(xq, b, iqs % 8);
+            x.d8[i]     = exact_xd(xm, b);
         }
-        const float d = __half2float(*(const half *) (blk + 208));
+        return x;
+    }
+    static __device__ __forceinline__ float dot(const w_t & w, const x_t & x, int) {
+        float sumf = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int vil = (w.vl >> (4 * i)) & 0x0F0F0F0F;
+            const int vih = ((w.vh >> (4 * i)) << 4) & 0x30303030;
+            const int vi  = __vsub4((vil | vih), 0x20202020);
+            sumf += x.d8[i] * (__dp4a(vi, x.u[i], 0) * w.sc[i]);
+        }
+        const float d = __half2float(__ushort_as_half((unsigned short) w.d));
         return d * sumf;
     }
 };
 
 template <> struct exact_item<FRT_GEMV_Q8_0> {
-    static constexpr int per_block = 4, per_iter = 32;
+    static constexpr int per_block = 4, qk = 32;
+    struct w_t {
+        int      q[2];
+        uint32_t d;  // the block's half scale
+    };
+    struct x_t {
+        int   u[2];
+        float d8;
+    };
     static __device__ __forceinline__ int iqs(int t) { return 2 * (t % per_block); }
-    static __device__ __forceinline__ float dot(const uint8_t * row, int kbx, int iqs, const int8_t * xq,
-                                                const uint2 * xm) {
-        const uint8_t * blk  = row + 34 * kbx;
-        int             sumi = 0;
+    static __device__ __forceinline__ w_t load(const uint8_t * row, int kbx, int iqs) {
+        const uint8_t * blk = row + 34 * kbx;
+        return { { exact_int_b2(blk + 2 + 4 * iqs), exact_int_b2(blk + 2 + 4 * (iqs + 1)) }, *(const uint16_t *) blk };
+    }
+    static __device__ __forceinline__ x_t load_x(const int8_t * xq, const uint2 * xm, int kbx, int iqs) {
+        return { { exact_xq(xq, kbx, iqs), exact_xq(xq, kbx, iqs + 1) }, exact_xd(xm, kbx) };
+    }
+    static __device__ __forceinline__ float dot(const w_t & w, const x_t & x, int) {
+        int sumi = 0;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            sumi = __dp4a(exact_int_b2(blk + 2 + 4 * (iqs + i)), exact_xq(xq, kbx, iqs + i), sumi);
+            sumi = __dp4a(w.q[i], x.u[i], sumi);
         }
-        const float d8_0 = __half2float(*(const half *) blk);
-        const float d8_1 = exact_xd(xm, kbx);
-        return d8_0 * d8_1 * ((float) sumi);
+        const float d8_0 = __half2float(__ushort_as_half((unsigned short) w.d));
+        return d8_0 * x.d8 * ((float) sumi);
     }
 };
-
-// A row of k columns, reduced as mmvq reduces it; every lane returns the row's value.
-template <int TYPE>
-static __device__ __forceinline__ float exact_row(const uint8_t * row, int k, const int8_t * xq, const uint2 * xm, int lane) {
-    using item          = exact_item<TYPE>;
-    constexpr int qk    = TYPE == FRT_GEMV_Q8_0 ? 32 : 256;
-    const int     nb    = k / qk;
-    float         part[4];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-        part[w] = 0.0f;
-    }
-    // Pass m of every thread at once (its loads in flight together); each accumulator still adds
-    // its own items in mmvq's order.
-    for (int kb0 = 0; kb0 < nb; kb0 += item::per_iter) {
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const int t   = lane + 32 * w;
-            const int kbx = kb0 + t / item::per_block;
-            if (kbx < nb) {
-                part[w] += item::dot(row, kbx, item::iqs(t), xq, xm);
-            }
-        }
-    }
-    float sum = part[0];
-#pragma unroll
-    for (int w = 1; w < 4; ++w) {
-        sum += part[w];
-    }
-    return exact_warp_sum(sum);
-}
 
 // An F32 row (k floats) as mmvf sums it with a block of `block` threads (32..256).
 static __device__ __forceinline__ float exact_row_f32(const float * row, int k, const float * xf, int block, int lane) {
@@ -237,32 +275,47 @@ static __device__ __forceinline__ float exact_row_f32(const float * row, int k, 
     return exact_warp_sum(mine);
 }
 
-// The RMS norm's scale of each input vector as ggml-cuda's fused rms_norm + mul computes it
-// (rms_norm_f32 with do_multiply): a block of B = 1024 threads (256 below 1024 columns), thread t
-// adding the squares of columns t, t + B, ... from 0, a butterfly in each warp, then the B / 32
-// warp sums (zeros past them) in one more butterfly; mean = sum / k, scale = rsqrtf(mean + eps).
-// The normed value, scale * x * w, is then formed by gemv_prologue_x as stock forms it.
-static __device__ void exact_norm_scales(const exact_params & p, float * scales) {
+// The RMS norm's scale of n vectors (vector v at x + v * x_stride) as ggml-cuda's fused rms_norm +
+// mul computes it (rms_norm_f32 with do_multiply): a block of B = 1024 threads (256 below 1024
+// columns), thread t adding the squares of columns t, t + B, ... from 0, a butterfly in each warp,
+// then the B / 32 warp sums (zeros past them) in one more butterfly; mean = sum / k, scale =
+// rsqrtf(mean + eps). Real warp w plays stock's warps w, w + 4, ..., their loads issued together
+// (each virtual thread still adds its columns in order). The normed value, scale * x * w, is then
+// formed by gemv_prologue_x as stock forms it.
+static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int n, int k, float eps, float * scales) {
+    constexpr int    kWarps = kExactThreads / 32, kVirtual = 1024 / 32 / kWarps;
     __shared__ float warp_sums[32];
     const int        warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int        block = p.k < 1024 ? 256 : 1024;
-    for (int v = 0; v < p.n_vec; ++v) {
-        const float * x = p.x + (int64_t) v * p.x_stride;
-        for (int vw = warp; vw < block / 32; vw += kExactWarps) {
-            float tmp = 0.0f;
-            for (int col = 32 * vw + lane; col < p.k; col += block) {
-                const float xi = x[col];
-                tmp += xi * xi;
+    const int        block = k < 1024 ? 256 : 1024;
+    for (int v = 0; v < n; ++v) {
+        const float * x = x0 + (int64_t) v * x_stride;
+        float         tmp[kVirtual];
+#pragma unroll
+        for (int i = 0; i < kVirtual; ++i) {
+            tmp[i] = 0.0f;
+        }
+        for (int c0 = 0; c0 < k; c0 += block) {
+#pragma unroll
+            for (int i = 0; i < kVirtual; ++i) {
+                const int vw = warp + kWarps * i, col = c0 + 32 * vw + lane;
+                if (vw < block / 32 && col < k) {
+                    const float xi = x[col];
+                    tmp[i] += xi * xi;
+                }
             }
-            tmp = exact_warp_sum(tmp);
-            if (lane == 0) {
-                warp_sums[vw] = tmp;
+        }
+#pragma unroll
+        for (int i = 0; i < kVirtual; ++i) {
+            const int   vw  = warp + kWarps * i;
+            const float sum = exact_warp_sum(tmp[i]);
+            if (vw < block / 32 && lane == 0) {
+                warp_sums[vw] = sum;
             }
         }
         __syncthreads();
         const float sum   = exact_warp_sum(lane < block / 32 ? warp_sums[lane] : 0.0f);
-        const float mean  = sum / p.k;
-        const float scale = rsqrtf(mean + p.eps);
+        const float mean  = sum / k;
+        const float scale = rsqrtf(mean + eps);
         if (threadIdx.x == 0) {
             scales[v] = scale;
         }
@@ -270,96 +323,225 @@ static __device__ void exact_norm_scales(const exact_params & p, float * scales)
     }
 }
 
-// The segment holding row r of the launch.
-static __device__ __forceinline__ const exact_seg & exact_segment_of(const exact_params & p, int r) {
-    int si = 0;
-    while (si + 1 < p.n_segments && r >= p.seg[si + 1].row_begin) {
-        ++si;
-    }
-    return p.seg[si];
-}
-
-__launch_bounds__(kExactThreads, 4) static __global__ void frt_gemv_exact_kernel(const __grid_constant__ exact_params p) {
-    extern __shared__ __align__(16) uint8_t smem[];
-    int8_t *  xq   = (int8_t *) smem;
-    uint2 *   xm   = (uint2 *) (smem + p.smem_xm);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    // Before the wait for the previous kernel (weights are not written by kernels): the warp's
-    // first row into L2, so that its latency overlaps that kernel's tail and the prologue. Expert
-    // rows wait: their ids come from an earlier kernel.
-    if (const int r0 = blockIdx.x * kExactWarps + warp; r0 < p.total_rows) {
-        const exact_seg & s = exact_segment_of(p, r0);
-        if (s.ids == nullptr) {
-            const uint8_t * w = s.w + (int64_t) (r0 - s.row_begin) * s.row_stride;
-            for (int64_t at = 128 * lane; at < s.row_stride; at += 32 * 128) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(w + at));
-            }
-        }
-    }
-    frt_pdl_wait();
-    // x, normed first when the launch has a norm (the normed vectors, when kept, written by block 0
-    // alone), then quantized as stock's quantize_q8_1 does.
+// After the wait for the previous kernel: x into shared memory, normed first when the launch has a
+// norm, then quantized as stock's quantize_q8_1 does (and/or kept in float for F32 rows). Only the
+// block's vector `vec`, unless the launch keeps the normed vectors (block 0 writes them all).
+// Returns where vec is among the vectors in shared memory.
+static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem) {
+    const bool       all   = p.x_out != nullptr;
+    const int        first = all ? 0 : vec, n = all ? p.n_vec : 1;
+    const float *    x     = p.x + (int64_t) first * p.x_stride;
     __shared__ float norm_scales[FRT_GEMV_MAX_TOKENS];
     if (p.norm != nullptr) {
-        exact_norm_scales(p, norm_scales);
+        exact_norm_scales(x, p.x_stride, n, p.k, p.eps, norm_scales);
     }
-    const gemv_x_in in = { p.x,      p.norm,   p.x_stride, p.eps, p.k, p.n_vec, p.need_q8, p.need_f32,
+    const gemv_x_in in = { x,        p.norm,   p.x_stride, p.eps, p.k, n, p.need_q8, p.need_f32,
                            blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride, norm_scales };
-    float * xf = (float *) (smem + p.smem_xf);
-    gemv_prologue_x<kExactThreads>(in, xq, xm, xf, threadIdx.x, 0);
+    gemv_prologue_x<kExactThreads>(in, (int8_t *) smem, (uint2 *) (smem + p.smem_xm), (float *) (smem + p.smem_xf),
+                                   threadIdx.x, 0);
     __syncthreads();
     frt_pdl_launch_dependents();
+    return vec - first;
+}
 
-    const int k32 = p.k / 32;
-    for (int r = blockIdx.x * kExactWarps + warp; r < p.total_rows; r += gridDim.x * kExactWarps) {
-        const exact_seg & s    = exact_segment_of(p, r);
-        const int         loc  = r - s.row_begin;
-        const int         slot = loc / s.rows, row = loc % s.rows;
-        const uint8_t *   w    = s.w + (int64_t) row * s.row_stride;
-        int               vec  = 0;
-        if (s.ids != nullptr) {
-            const int expert = s.ids[slot];
-            if (expert < 0 || expert >= s.n_experts) {
-                if (lane == 0) {
-                    s.out[slot * s.out_stride + row] = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly
-                }
-                continue;
-            }
-            w += (int64_t) expert * s.expert_stride;
-            vec = p.n_vec == 1 ? 0 : slot;
+// Writes a row's value (plus its residual with FRT_GEMV_ADD).
+static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot, int row, float v) {
+    if (s.epilogue == FRT_GEMV_ADD) {
+        v += s.residual[(int64_t) slot * s.residual_stride + row];
+    }
+    s.out[(int64_t) slot * s.out_stride + row] = v;
+}
+
+// Copies `bytes` from global src into shared dst with cp.async, `unit` (16, 8 or 4) bytes a copy,
+// the block's threads in turn, as one commit group.
+static __device__ __forceinline__ void exact_copy(uint8_t * dst, const uint8_t * src, int64_t bytes, int unit) {
+#if defined(__CUDA_ARCH__)
+    const uint32_t d = (uint32_t) __cvta_generic_to_shared(dst);
+    for (int64_t at = (int64_t) unit * threadIdx.x; at < bytes; at += (int64_t) unit * kExactThreads) {
+        if (unit == 16) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + (uint32_t) at), "l"(src + at) : "memory");
+        } else if (unit == 8) {
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d + (uint32_t) at), "l"(src + at) : "memory");
+        } else {
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d + (uint32_t) at), "l"(src + at) : "memory");
         }
-        const int8_t * xv = xq + (int64_t) vec * p.k;
-        const uint2 *  mv = xm + (int64_t) vec * k32;
-        float          v;
-        switch (s.type) {
-            case FRT_GEMV_Q4_K: v = exact_row<FRT_GEMV_Q4_K>(w, p.k, xv, mv, lane); break;
-            case FRT_GEMV_Q6_K: v = exact_row<FRT_GEMV_Q6_K>(w, p.k, xv, mv, lane); break;
-            case FRT_GEMV_Q8_0: v = exact_row<FRT_GEMV_Q8_0>(w, p.k, xv, mv, lane); break;
-            default:
-                v = exact_row_f32((const float *) w, p.k, xf + (int64_t) vec * p.k, p.f32_block, lane);
-                break;
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void exact_copy_wait() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// The block's rows [row0, row0 + n) of a quantized matrix (slot `slot`). STAGED: the rows are
+// contiguous bytes that the block copies into shared memory in one go, before the wait for the
+// previous kernel (weights are not written by kernels; expert rows right after it, their ids
+// come from an earlier kernel), so that their latency overlaps that kernel's tail and the
+// prologue; otherwise each item is read from global memory where it is used.
+template <int TYPE, bool STAGED>
+static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
+                                  uint8_t * smem) {
+    using item        = exact_item<TYPE>;
+    const int n_items = p.k / item::qk * item::per_block;
+    const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // threads a row
+    const int together = kExactThreads / per_row;                        // rows side by side
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int sub = tid / per_row, ts = tid % per_row;                   // ts: stock's thread
+    const int passes = (n_items + kStockThreads - 1) / kStockThreads;
+    uint8_t * stage  = smem + p.smem_stage;
+
+    const uint8_t * w = s.w + (int64_t) row0 * s.row_stride;
+    if (STAGED && s.ids == nullptr) {
+        exact_copy(stage, w, (int64_t) n * s.row_stride, s.stage_unit);
+    }
+    frt_pdl_wait();
+    bool valid = true;
+    if (s.ids != nullptr) {
+        const int expert = s.ids[slot];
+        valid            = expert >= 0 && expert < s.n_experts;
+        w += valid ? (int64_t) expert * s.expert_stride : 0;
+        if (STAGED && valid) {
+            exact_copy(stage, w, (int64_t) n * s.row_stride, s.stage_unit);
+        }
+    }
+    const int      at   = exact_prologue(p, vec, smem);
+    const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
+    const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
+    float *        part = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
+    if (STAGED) {
+        exact_copy_wait();
+        __syncthreads();
+    }
+    const uint8_t * rows = STAGED ? stage : w;
+
+    if (valid) {
+        // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
+        // Q6_K/Q8_0); later passes read them again a row.
+        const bool               has0 = ts < n_items, has1 = ts + kStockThreads < n_items;
+        const int                iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
+        typename item::x_t       x0, x1;
+        if (has0) {
+            x0 = item::load_x(xq, xm, ts / item::per_block, iqs);
+        }
+        if (has1) {
+            x1 = item::load_x(xq, xm, (ts + kStockThreads) / item::per_block, iqs);
+        }
+#pragma unroll 4
+        for (int j = sub; j < n; j += together) {
+            const uint8_t * row = rows + (int64_t) j * s.row_stride;
+            float           acc = 0.0f;
+            if (has0) {
+                acc += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
+            }
+            if (has1) {
+                acc += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
+            }
+            for (int m = 2; m < passes; ++m) {
+                const int it = ts + kStockThreads * m;
+                if (it >= n_items) {
+                    break;
+                }
+                const int kbx = it / item::per_block;
+                acc += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
+            }
+            part[(j * 4 + ts / 32) * 32 + lane] = acc;
+        }
+    }
+    __syncthreads();
+    // Warp 0's lanes plus warps 1, 2, 3 (zeros where a row has fewer threads), then the butterfly.
+    for (int j = warp; j < n; j += kExactThreads / 32) {
+        float v = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly
+        if (valid) {
+            v = part[(j * 4) * 32 + lane];
+#pragma unroll
+            for (int sw = 1; sw < 4; ++sw) {
+                v += 32 * sw < per_row ? part[(j * 4 + sw) * 32 + lane] : 0.0f;
+            }
+            v = exact_warp_sum(v);
         }
         if (lane == 0) {
-            const int64_t at = (int64_t) slot * s.out_stride + row;
-            if (s.epilogue == FRT_GEMV_ADD) {
-                v += s.residual[(int64_t) slot * s.residual_stride + row];
-            }
-            s.out[at] = v;
+            exact_store(s, slot, row0 + j, v);
         }
     }
 }
 
-int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf) {
-    bool q8 = false, f32 = false;
+// The block's rows [row0, row0 + n) of an F32 matrix: one warp a row.
+static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
+                                      uint8_t * smem) {
+    frt_pdl_wait();
+    const uint8_t * w = s.w;
+    bool            valid = true;
+    if (s.ids != nullptr) {
+        const int expert = s.ids[slot];
+        valid            = expert >= 0 && expert < s.n_experts;
+        w += valid ? (int64_t) expert * s.expert_stride : 0;
+    }
+    const int     at   = exact_prologue(p, vec, smem);
+    const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
+    const int     lane = threadIdx.x % 32;
+    for (int j = threadIdx.x / 32; j < n; j += kExactThreads / 32) {
+        const int row = row0 + j;
+        const float v = valid ? exact_row_f32((const float *) (w + (int64_t) row * s.row_stride), p.k, xf, p.f32_block, lane)
+                              : __int_as_float(0x7fffffff);
+        if (lane == 0) {
+            exact_store(s, slot, row, v);
+        }
+    }
+}
+
+__launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__
+    void frt_gemv_exact_kernel(const __grid_constant__ exact_params p) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    int si = 0;
+    while (si + 1 < p.n_segments && (int) blockIdx.x >= p.seg[si + 1].block_begin) {
+        ++si;
+    }
+    const exact_seg & s     = p.seg[si];
+    const int         local = blockIdx.x - s.block_begin;
+    const int         slot = local / s.chunks, row0 = local % s.chunks * p.rows_per_block;
+    const int         n    = min(p.rows_per_block, s.rows - row0);
+    const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
+    switch (s.type) {
+        case FRT_GEMV_Q4_K:
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false>(p, s, slot, row0, n, vec, smem);
+            break;
+        case FRT_GEMV_Q6_K:
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false>(p, s, slot, row0, n, vec, smem);
+            break;
+        case FRT_GEMV_Q8_0:
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false>(p, s, slot, row0, n, vec, smem);
+            break;
+        default:            exact_rows_f32(p, s, slot, row0, n, vec, smem); break;
+    }
+}
+
+// Shared memory: x as int8 (vectors x k), a uint2 per 32 values, x in float (F32 rows), then the
+// cross-warp sums of up to kExactMaxRows rows. Only the vector a block multiplies is kept, unless
+// the launch writes the normed vectors (then all of them).
+static int exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf, int & smem_part, bool & q8,
+                        bool & f32) {
+    q8 = f32 = false;
     for (int i = 0; i < a.n_segments; ++i) {
         q8  = q8 || a.seg[i].type != FRT_GEMV_F32;
         f32 = f32 || a.seg[i].type == FRT_GEMV_F32;
     }
-    // int8 x first, then a uint2 per 32 values, then (F32 weights) x in float.
-    const int n_vec = a.tokens * a.x_per_token;
+    const int n_vec = a.x_normed != nullptr ? a.tokens * a.x_per_token : 1;
     smem_xm         = q8 ? n_vec * a.k : 0;
     smem_xf         = smem_xm + (q8 ? n_vec * (a.k / 32) * (int) sizeof(uint2) : 0);
-    return smem_xf + (f32 ? n_vec * a.k * (int) sizeof(float) : 0);
+    smem_part       = (smem_xf + (f32 ? n_vec * a.k * (int) sizeof(float) : 0) + 15) / 16 * 16;
+    return smem_part + kExactMaxRows * kStockThreads * (int) sizeof(float);
+}
+
+int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf) {
+    int  smem_part = 0;
+    bool q8 = false, f32 = false;
+    return exact_layout(a, smem_xm, smem_xf, smem_part, q8, f32);
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
@@ -391,7 +573,41 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
             p.f32_block = block;
         }
     }
-    int rows       = 0;
+    // Rows a block: the launch's rows over one wave of blocks, a multiple of 4 (rows of k = 512
+    // go 2 or 4 to a block side by side), as many as shared memory takes when staged.
+    int     total = 0;
+    int64_t widest = 0;  // the longest staged row
+    int     units[FRT_GEMV_MAX_SEGMENTS];
+    for (int i = 0; i < a.n_segments; ++i) {
+        const frt_gemv_segment & s = a.seg[i];
+        total += (s.ids != nullptr ? s.n_used : 1) * s.rows;
+        // Staged in copies of the largest unit that every row start (and expert matrix) is aligned
+        // to; F32 rows and 2-byte aligned GGUF rows are read in place.
+        const uint64_t align = (uint64_t) (uintptr_t) s.w | (uint64_t) s.row_stride |
+                               (uint64_t) (s.ids != nullptr ? s.expert_stride : 0);
+        units[i] = s.type == FRT_GEMV_F32 ? 0 : align % 16 == 0 ? 16 : align % 8 == 0 ? 8 : align % 4 == 0 ? 4 : 0;
+        if (units[i] != 0) {
+            widest = std::max(widest, s.row_stride);
+        }
+    }
+    bool q8 = false, f32 = false;
+    exact_layout(a, p.smem_xm, p.smem_xf, p.smem_part, q8, f32);
+    p.need_q8        = q8;
+    p.need_f32       = f32;
+    const int wave   = dev.sms * kExactBlocksPerSm;
+    int       rows   = std::min(kExactMaxRows, std::max(4, ((total + wave - 1) / wave + 3) / 4 * 4));
+    if (widest > 0) {  // as many as fit in shared memory with their sums
+        rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (widest + kStockThreads * 4) / 4 * 4));
+    }
+    const auto smem_for = [&](int r) {
+        p.smem_stage = p.smem_part + r * kStockThreads * (int) sizeof(float);
+        return p.smem_stage + (int) (r * widest);
+    };
+    const bool stage   = smem_for(rows) <= kMaxSmem;  // else (rows of over 20 KB) every row in place
+    const int  staged  = smem_for(rows);  // sets smem_stage, where the staged rows begin
+    const int  smem    = stage ? staged : p.smem_stage;
+    p.rows_per_block   = rows;
+    int blocks         = 0;
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
         exact_seg &              q = p.seg[i];
@@ -407,17 +623,14 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.rows            = s.rows;
         q.epilogue        = s.epilogue;
         q.n_experts       = s.n_experts;
-        q.row_begin       = rows;
-        rows += (s.ids != nullptr ? s.n_used : 1) * s.rows;
+        q.chunks          = (s.rows + rows - 1) / rows;
+        q.block_begin     = blocks;
+        q.stage_unit      = stage ? units[i] : 0;
+        blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
     }
-    p.total_rows = rows;
-    const int smem = frt_gemv_exact_layout(a, p.smem_xm, p.smem_xf);
-    p.need_q8      = p.smem_xf > 0;     // room for int8 x and its scales
-    p.need_f32     = smem > p.smem_xf;  // room for x in float
     err = gemv_allow_smem<frt_gemv_exact_kernel>(device, kMaxSmem);
     if (err != cudaSuccess) {
         return err;
     }
-    const int blocks = std::min((rows + kExactWarps - 1) / kExactWarps, dev.sms * 4);
     return frt_launch(frt_gemv_exact_kernel, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p);
 }
