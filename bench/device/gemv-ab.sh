@@ -7,6 +7,8 @@
 #   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/tests/test-gemv.cu objs/*.o -o B/test-gemv
 #   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu objs/*.o -o B/gemv-bench
 # then strip them and carry both folders (under .xtask/, e.g. .xtask/gemv-a and .xtask/gemv-b).
+# gemv-bench options pass through: --between times each kernel after a small PDL kernel, as decode
+# runs it (a kernel that wins back to back can lose there: docs/perf-notes.md, exact kernel v3).
 # Usage (device, repository root): bench/device/gemv-ab.sh DIR_A DIR_B [gemv-bench options]
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}

@@ -24,8 +24,15 @@
 // "probe:NAME" (shape: the bytes read), and its tables.
 //
 // Usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] [--stream-mib 120]
-//                  [--graph-ms 2] [--list] [--lab [--variants a,b]]
+//                  [--graph-ms 2] [--between] [--list] [--lab [--variants a,b]]
 //   --graph-ms: the least work a graph holds (launches = max(copies, 32 for experts, this / floor))
+//   --between: a small kernel between the launches, as in decode, where a GEMV follows a norm, an
+//     add or the routing rather than another GEMV: one block of 1024 threads, launched with PDL,
+//     waiting for its predecessor and then writing the next launch's input (as ggml-cuda's
+//     rms_norm of one row does). A GEMV that streams its weights before its wait overlaps such a
+//     kernel only if its blocks can be resident beside it; back to back with itself it cannot
+//     tell. us_median is then the pair's time less the small kernel's alone (between_us in the
+//     JSON), the GEMV's cost in a decode-like sequence.
 //   --lab: tokens default to 1,2,4,8 (variants other than v1 and C: 1 token); --variants picks some
 // Build (device; bench/device/gemv.sh does this and runs it):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu vendor/csrc/*.cu -o gemv-bench
@@ -33,6 +40,7 @@
 #include "cuda-check.cuh"
 #include "gemv-lab.cuh"
 #include "gemv.cuh"
+#include "pdl.cuh"
 #include "tests/test-gemv-reference.cuh"
 
 #include <algorithm>
@@ -143,6 +151,7 @@ struct result {
     int                tokens, launches, copies;
     int64_t            bytes;
     double             us_median, us_min, us_max;
+    double             between_us = 0.0;  // --between: the small kernel's time alone, taken off the above
 };
 
 // What is timed: frt_gemv, or a lab variant, launching `args` on a stream.
@@ -297,10 +306,20 @@ timing time_graph(int launches, int replays, cudaStream_t stream, const std::fun
     return { us[us.size() / 2], us.front(), us.back() };
 }
 
+// --between's small kernel: waits for its predecessor, then rewrites x (n floats) from a pristine
+// copy, so every GEMV launch multiplies the same vectors and each depends on the kernel before it.
+__global__ void between_kernel(const float * src, float * x, int n) {
+    frt_pdl_wait();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        x[i] = src[i];
+    }
+}
+
 // Checks (when `checked`) and times `launch` at (shape, tokens). `who` names it in messages.
+// between: --between (a small kernel after each launch; the result is the GEMV's share).
 result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int replays, double graph_ms,
                  std::mt19937_64 & rng, cudaStream_t stream, const launcher & launch, bool checked,
-                 const std::string & who) {
+                 const std::string & who, bool between = false) {
     const int k = s.k;
     // Inputs: one vector a token (a slot for down projections), the norm weight.
     const int     n_vec    = tokens * (s.x_per_slot ? kUsed : 1);
@@ -381,8 +400,22 @@ result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int repla
     // The graph: enough launches to cycle through every copy and selection, and graph_ms of work.
     const double est_us   = std::max(2.0, bytes / (kReadTbps * 1e6));
     const int    launches = std::max({ copies, s.segs[0].experts ? kSelections : 1, (int) (1000.0 * graph_ms / est_us) });
-    const timing tm       = time_graph(launches, replays, stream,
-                                       [&](int i, cudaStream_t st) { CHECK(launch(args_for(i), st)); });
+    float *      d_x_src  = between ? to_device(x) : nullptr;
+    const auto   add_between = [&](cudaStream_t st) {
+        CHECK(frt_launch(between_kernel, dim3(1), dim3(1024), 0, st, (const float *) d_x_src, d_x, n_vec * k));
+    };
+    timing       tm       = time_graph(launches, replays, stream, [&](int i, cudaStream_t st) {
+        CHECK(launch(args_for(i), st));
+        if (between) {
+            add_between(st);
+        }
+    });
+    double between_us = 0.0;
+    if (between) {
+        between_us = time_graph(launches, replays, stream, [&](int, cudaStream_t st) { add_between(st); }).median;
+        tm         = { tm.median - between_us, tm.least - between_us, tm.most - between_us };
+        CHECK(cudaFree(d_x_src));
+    }
     for (seg_data & d : sw.segs) {
         CHECK(cudaFree(d.out));
         d.out = nullptr;
@@ -390,7 +423,7 @@ result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int repla
     CHECK(cudaFree(d_x));
     CHECK(cudaFree(d_norm));
     CHECK(cudaFree(d_ids));
-    return { "", &s, tokens, launches, copies, bytes, tm.median, tm.least, tm.most };
+    return { "", &s, tokens, launches, copies, bytes, tm.median, tm.least, tm.most, between_us };
 }
 
 std::string type_label(const shape_spec & s) {
@@ -744,13 +777,13 @@ void run_lab(std::FILE * out, const std::vector<std::string> & only, const std::
 int main(int argc, char ** argv) {
     if (argc < 2 || argv[1][0] == '-') {
         std::fprintf(stderr, "usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] "
-                             "[--stream-mib 120] [--graph-ms 2] [--list] [--lab [--variants a,b]]\n");
+                             "[--stream-mib 120] [--graph-ms 2] [--between] [--list] [--lab [--variants a,b]]\n");
         return 2;
     }
     const std::string        out_path = argv[1];
     std::vector<std::string> only, picked;
     std::vector<int>         tokens;
-    bool                     lab_mode = false;
+    bool                     lab_mode = false, between = false;
     int                      replays    = 30;
     double                   stream_mib = 120.0, graph_ms = 2.0;
     for (int i = 2; i < argc; ++i) {
@@ -774,6 +807,8 @@ int main(int argc, char ** argv) {
             stream_mib = std::atof(value().c_str());
         } else if (arg == "--graph-ms") {
             graph_ms = std::atof(value().c_str());
+        } else if (arg == "--between") {
+            between = true;
         } else if (arg == "--lab") {
             lab_mode = true;
         } else if (arg == "--variants") {
@@ -820,6 +855,9 @@ int main(int argc, char ** argv) {
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     std::mt19937_64 rng(1);
 
+    if (lab_mode && between) {
+        fail("--between times the frt_gemv kernels, not --lab's variants");
+    }
     if (lab_mode) {
         std::printf("%s, %d SMs: decode GEMV v2 experiments from CUDA graphs, median of %d replays\n\n", prop.name,
                     prop.multiProcessorCount, replays);
@@ -837,9 +875,9 @@ int main(int argc, char ** argv) {
         shape_weights weights = make_weights(s, stream_mib, rng, stream);
         for (int t : tokens) {
             // "frt": what frt_gemv picks; "frt-bulk", "frt-exact": the bulk kernel and the exact one
-            // (mmvq's order; GGUF Q4_K/Q6_K/Q8_0 only) beside it at 1 token.
+            // (mmvq's order for GGUF Q4_K/Q6_K/Q8_0, mmvf's for F32) beside it at 1 token.
             const bool exact_takes = std::all_of(s.segs.begin(), s.segs.end(), [](const seg_spec & sp) {
-                return sp.type == Q4 || ((sp.type == Q6 || sp.type == Q8) && (sp.gguf || sp.experts));
+                return sp.type == Q4 || sp.type == F32 || ((sp.type == Q6 || sp.type == Q8) && (sp.gguf || sp.experts));
             });
             for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_AUTO, FRT_GEMV_KERNEL_BULK, FRT_GEMV_KERNEL_EXACT }) {
                 if (kernel != FRT_GEMV_KERNEL_AUTO && t != 1) {
@@ -855,7 +893,7 @@ int main(int argc, char ** argv) {
                     s, weights, t, replays, graph_ms, rng, stream,
                     [kernel](const frt_gemv_args & a, cudaStream_t st) { return frt_gemv(a, st, kernel); },
                     std::getenv("FRT_GEMV_BULK_LAB") == nullptr,  // lab settings skip work: nothing to check
-                    "frt_gemv (" + impl + ")");
+                    "frt_gemv (" + impl + ")", between);
                 r.impl                 = impl;
                 const double floor_us  = r.bytes / (kReadTbps * 1e6);
                 const double budget_us = r.bytes / (0.7 * kReadTbps * 1e6) + 1.5;
@@ -863,11 +901,11 @@ int main(int argc, char ** argv) {
                              "{\"impl\":\"%s\",\"shape\":\"%s\",\"out\":%d,\"in\":%d,\"type\":\"%s\",\"tokens\":%d,"
                              "\"experts\":%d,\"bytes\":%" PRId64 ",\"us_median\":%.3f,\"us_min\":%.3f,\"us_max\":%.3f,"
                              "\"floor_us\":%.3f,\"budget_us\":%.3f,\"tbps\":%.3f,\"pass\":%s,\"launches\":%d,"
-                             "\"copies\":%d}\n",
+                             "\"copies\":%d,\"between_us\":%.3f}\n",
                              impl.c_str(), s.name, out_rows(s), s.k, type_label(s).c_str(), t,
                              s.segs[0].experts ? kUsed : 1, r.bytes, r.us_median, r.us_min, r.us_max, floor_us,
                              budget_us, r.bytes / r.us_median / 1e6, r.us_median <= budget_us ? "true" : "false",
-                             r.launches, r.copies);
+                             r.launches, r.copies, r.between_us);
                 std::fflush(out);
                 std::fprintf(stderr, "gemv-bench: %s %s, %d tokens: %.2f us\n", impl.c_str(), s.name, t, r.us_median);
                 results.push_back(r);
@@ -878,8 +916,9 @@ int main(int argc, char ** argv) {
     std::fclose(out);
 
     std::printf("%s, frt_gemv from CUDA graphs, median of %d replays; floor = bytes / %.2f TB/s, "
-                "budget = bytes / (0.7 x %.2f TB/s) + 1.5 us\n\n",
-                prop.name, replays, kReadTbps, kReadTbps);
+                "budget = bytes / (0.7 x %.2f TB/s) + 1.5 us%s\n\n",
+                prop.name, replays, kReadTbps, kReadTbps,
+                between ? "; --between: each launch followed by a small PDL kernel, whose time alone is taken off" : "");
     std::printf("| shape | impl | tokens | out x in | type | MB | us | min-max | floor us | budget us | TB/s | pass |\n");
     std::printf("|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---|\n");
     int failed = 0;
