@@ -24,7 +24,9 @@
 // "probe:NAME" (shape: the bytes read), and its tables.
 //
 // Usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] [--stream-mib 120]
-//                  [--graph-ms 2] [--between] [--list] [--lab [--variants a,b]]
+//                  [--graph-ms 2] [--impls frt,frt-bulk,frt-exact] [--between] [--list]
+//                  [--lab [--variants a,b]]
+//   --impls: which kernels to time (default all three; frt: what frt_gemv picks)
 //   --graph-ms: the least work a graph holds (launches = max(copies, 32 for experts, this / floor))
 //   --between: a small kernel between the launches, as in decode, where a GEMV follows a norm, an
 //     add or the routing rather than another GEMV: one block of 1024 threads, launched with PDL,
@@ -777,11 +779,11 @@ void run_lab(std::FILE * out, const std::vector<std::string> & only, const std::
 int main(int argc, char ** argv) {
     if (argc < 2 || argv[1][0] == '-') {
         std::fprintf(stderr, "usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] "
-                             "[--stream-mib 120] [--graph-ms 2] [--between] [--list] [--lab [--variants a,b]]\n");
+                             "[--stream-mib 120] [--graph-ms 2] [--impls a,b] [--between] [--list] [--lab [--variants a,b]]\n");
         return 2;
     }
     const std::string        out_path = argv[1];
-    std::vector<std::string> only, picked;
+    std::vector<std::string> only, picked, impls{ "frt", "frt-bulk", "frt-exact" };
     std::vector<int>         tokens;
     bool                     lab_mode = false, between = false;
     int                      replays    = 30;
@@ -807,6 +809,13 @@ int main(int argc, char ** argv) {
             stream_mib = std::atof(value().c_str());
         } else if (arg == "--graph-ms") {
             graph_ms = std::atof(value().c_str());
+        } else if (arg == "--impls") {
+            impls = split_list(value());
+            for (const std::string & name : impls) {
+                if (name != "frt" && name != "frt-bulk" && name != "frt-exact") {
+                    fail("--impls: no kernel " + name + " (frt, frt-bulk, frt-exact)");
+                }
+            }
         } else if (arg == "--between") {
             between = true;
         } else if (arg == "--lab") {
@@ -889,6 +898,9 @@ int main(int argc, char ** argv) {
                 const std::string impl = kernel == FRT_GEMV_KERNEL_AUTO   ? "frt"
                                          : kernel == FRT_GEMV_KERNEL_BULK ? "frt-bulk"
                                                                           : "frt-exact";
+                if (std::find(impls.begin(), impls.end(), impl) == impls.end()) {
+                    continue;
+                }
                 result            r    = run_shape(
                     s, weights, t, replays, graph_ms, rng, stream,
                     [kernel](const frt_gemv_args & a, cudaStream_t st) { return frt_gemv(a, st, kernel); },
