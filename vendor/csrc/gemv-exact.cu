@@ -492,8 +492,8 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     }
 }
 
-__launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__
-    void frt_gemv_exact_kernel(const __grid_constant__ exact_params p) {
+__launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
+    const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
     int si = 0;
     while (si + 1 < p.n_segments && (int) blockIdx.x >= p.seg[si + 1].block_begin) {
