@@ -53,7 +53,7 @@ struct exact_seg {
     const int32_t * ids;
     int64_t         row_stride, out_stride, residual_stride, expert_stride;
     int             type, rows, epilogue, n_experts, chunks, block_begin;
-    int             stage_unit;  // bytes a cp.async copies when the rows are staged (16, 8 or 4), 0: read in place
+    int             stage_unit;  // bytes a cp.async copies when the rows are staged (16 or 4), 0: read in place
 };
 
 struct exact_params {
@@ -352,28 +352,30 @@ static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot
     s.out[(int64_t) slot * s.out_stride + row] = v;
 }
 
-// Copies `bytes` from global src into shared dst with cp.async, `unit` (16, 8 or 4) bytes a copy,
-// the block's threads in turn, as one commit group.
+// Copies `bytes` from global src into shared dst with cp.async, `unit` (16 or 4) bytes a copy,
+// the block's threads in turn; gemv_cp_async_wait_all waits for them.
 static __device__ __forceinline__ void exact_copy(uint8_t * dst, const uint8_t * src, int64_t bytes, int unit) {
-#if defined(__CUDA_ARCH__)
-    const uint32_t d = (uint32_t) __cvta_generic_to_shared(dst);
     for (int64_t at = (int64_t) unit * threadIdx.x; at < bytes; at += (int64_t) unit * kExactThreads) {
         if (unit == 16) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + (uint32_t) at), "l"(src + at) : "memory");
-        } else if (unit == 8) {
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d + (uint32_t) at), "l"(src + at) : "memory");
+            gemv_cp_async16(dst + at, src + at, 16);
         } else {
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d + (uint32_t) at), "l"(src + at) : "memory");
+            gemv_cp_async4(dst + at, src + at);
         }
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
 }
 
-static __device__ __forceinline__ void exact_copy_wait() {
-#if defined(__CUDA_ARCH__)
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
+// The matrix of slot `slot` (after the wait: expert ids come from an earlier kernel): moves w to
+// it and returns true, or false for an expert id out of range (its rows are then NaN).
+static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slot, const uint8_t *& w) {
+    if (s.ids == nullptr) {
+        return true;
+    }
+    const int expert = s.ids[slot];
+    if (expert < 0 || expert >= s.n_experts) {
+        return false;
+    }
+    w += (int64_t) expert * s.expert_stride;
+    return true;
 }
 
 // The block's rows [row0, row0 + n) of a quantized matrix (slot `slot`). STAGED: the rows are
@@ -398,21 +400,16 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         exact_copy(stage, w, (int64_t) n * s.row_stride, s.stage_unit);
     }
     frt_pdl_wait();
-    bool valid = true;
-    if (s.ids != nullptr) {
-        const int expert = s.ids[slot];
-        valid            = expert >= 0 && expert < s.n_experts;
-        w += valid ? (int64_t) expert * s.expert_stride : 0;
-        if (STAGED && valid) {
-            exact_copy(stage, w, (int64_t) n * s.row_stride, s.stage_unit);
-        }
+    const bool valid = exact_matrix(s, slot, w);
+    if (STAGED && valid && s.ids != nullptr) {
+        exact_copy(stage, w, (int64_t) n * s.row_stride, s.stage_unit);
     }
     const int      at   = exact_prologue(p, vec, smem);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
     float *        part = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
     if (STAGED) {
-        exact_copy_wait();
+        gemv_cp_async_wait_all();
         __syncthreads();
     }
     const uint8_t * rows = STAGED ? stage : w;
@@ -472,14 +469,9 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
 static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                       uint8_t * smem) {
     frt_pdl_wait();
-    const uint8_t * w = s.w;
-    bool            valid = true;
-    if (s.ids != nullptr) {
-        const int expert = s.ids[slot];
-        valid            = expert >= 0 && expert < s.n_experts;
-        w += valid ? (int64_t) expert * s.expert_stride : 0;
-    }
-    const int     at   = exact_prologue(p, vec, smem);
+    const uint8_t * w     = s.w;
+    const bool      valid = exact_matrix(s, slot, w);
+    const int       at    = exact_prologue(p, vec, smem);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;
     for (int j = threadIdx.x / 32; j < n; j += kExactThreads / 32) {
@@ -581,11 +573,11 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
         total += (s.ids != nullptr ? s.n_used : 1) * s.rows;
-        // Staged in copies of the largest unit that every row start (and expert matrix) is aligned
-        // to; F32 rows and 2-byte aligned GGUF rows are read in place.
+        // Staged in 16-byte copies when every row start (and expert matrix) is 16-byte aligned, else
+        // 4-byte ones; F32 rows and 2-byte aligned GGUF rows are read in place.
         const uint64_t align = (uint64_t) (uintptr_t) s.w | (uint64_t) s.row_stride |
                                (uint64_t) (s.ids != nullptr ? s.expert_stride : 0);
-        units[i] = s.type == FRT_GEMV_F32 ? 0 : align % 16 == 0 ? 16 : align % 8 == 0 ? 8 : align % 4 == 0 ? 4 : 0;
+        units[i] = s.type == FRT_GEMV_F32 ? 0 : align % 16 == 0 ? 16 : align % 4 == 0 ? 4 : 0;
         if (units[i] != 0) {
             widest = std::max(widest, s.row_stride);
         }
@@ -599,12 +591,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     if (widest > 0) {  // as many as fit in shared memory with their sums
         rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (widest + kStockThreads * 4) / 4 * 4));
     }
-    const auto smem_for = [&](int r) {
-        p.smem_stage = p.smem_part + r * kStockThreads * (int) sizeof(float);
-        return p.smem_stage + (int) (r * widest);
-    };
-    const bool stage   = smem_for(rows) <= kMaxSmem;  // else (rows of over 20 KB) every row in place
-    const int  staged  = smem_for(rows);  // sets smem_stage, where the staged rows begin
+    p.smem_stage       = p.smem_part + rows * kStockThreads * (int) sizeof(float);  // after the rows' sums
+    const int  staged  = p.smem_stage + (int) (rows * widest);
+    const bool stage   = staged <= kMaxSmem;  // else (rows of over 20 KB) every row in place
     const int  smem    = stage ? staged : p.smem_stage;
     p.rows_per_block   = rows;
     int blocks         = 0;

@@ -1238,7 +1238,8 @@ template <int T> static cudaError_t gemv_launch_tokens(const frt_gemv_args & a, 
 
 // The exact kernel (gemv-exact.cu): args already checked by frt_gemv_unsupported(args, EXACT).
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream);
-// Its shared memory: the bytes a launch needs, and where x's scales and float copy start.
+// Its shared memory: the most bytes a launch needs besides staged rows (which shrink to fit), and
+// where x's scales and float copy start.
 int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf);
 
 // Defined in gemv-tokens{1,2,4,8}.cu.
