@@ -364,9 +364,10 @@ static __device__ __forceinline__ void exact_copy(uint8_t * dst, const uint8_t *
     }
 }
 
-// The matrix of slot `slot` (after the wait: expert ids come from an earlier kernel): moves w to
-// it and returns true, or false for an expert id out of range (its rows are then NaN).
-static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slot, const uint8_t *& w) {
+// The matrix of slot `slot` (after the wait: expert ids come from an earlier kernel): adds its
+// offset in the stacked tensor to `off` and returns true, or false for an expert id out of range
+// (its rows are then NaN).
+static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slot, int64_t & off) {
     if (s.ids == nullptr) {
         return true;
     }
@@ -374,7 +375,7 @@ static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slo
     if (expert < 0 || expert >= s.n_experts) {
         return false;
     }
-    w += (int64_t) expert * s.expert_stride;
+    off += (int64_t) expert * s.expert_stride;
     return true;
 }
 
@@ -395,14 +396,14 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int passes = (n_items + kStockThreads - 1) / kStockThreads;
     uint8_t * stage  = smem + p.smem_stage;
 
-    const uint8_t * w = s.w + (int64_t) row0 * s.row_stride;
+    int64_t off = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     if (STAGED && s.ids == nullptr) {
-        exact_copy(stage, w, (int64_t) n * s.row_stride, s.stage_unit);
+        exact_copy(stage, s.w + off, (int64_t) n * s.row_stride, s.stage_unit);
     }
     frt_pdl_wait();
-    const bool valid = exact_matrix(s, slot, w);
+    const bool valid = exact_matrix(s, slot, off);
     if (STAGED && valid && s.ids != nullptr) {
-        exact_copy(stage, w, (int64_t) n * s.row_stride, s.stage_unit);
+        exact_copy(stage, s.w + off, (int64_t) n * s.row_stride, s.stage_unit);
     }
     const int      at   = exact_prologue(p, vec, smem);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
@@ -412,7 +413,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         gemv_cp_async_wait_all();
         __syncthreads();
     }
-    const uint8_t * rows = STAGED ? stage : w;
+    const uint8_t * rows = STAGED ? stage : s.w + off;
 
     if (valid) {
         // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
@@ -469,14 +470,14 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
 static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                       uint8_t * smem) {
     frt_pdl_wait();
-    const uint8_t * w     = s.w;
-    const bool      valid = exact_matrix(s, slot, w);
-    const int       at    = exact_prologue(p, vec, smem);
+    int64_t       off   = 0;
+    const bool    valid = exact_matrix(s, slot, off);
+    const int     at    = exact_prologue(p, vec, smem);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;
     for (int j = threadIdx.x / 32; j < n; j += kExactThreads / 32) {
         const int row = row0 + j;
-        const float v = valid ? exact_row_f32((const float *) (w + (int64_t) row * s.row_stride), p.k, xf, p.f32_block, lane)
+        const float v = valid ? exact_row_f32((const float *) (s.w + off + (int64_t) row * s.row_stride), p.k, xf, p.f32_block, lane)
                               : __int_as_float(0x7fffffff);
         if (lane == 0) {
             exact_store(s, slot, row, v);
