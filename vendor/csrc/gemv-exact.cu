@@ -51,6 +51,7 @@ struct exact_seg {
     float *         out;
     const float *   residual;
     const int32_t * ids;
+    const uint8_t * w_gate;  // FRT_GEMV_SWIGLU: the gate matrix (its rows staged after w's)
     int64_t         row_stride, out_stride, residual_stride, expert_stride;
     int             type, rows, epilogue, n_experts, chunks, block_begin;
     int             stage_unit;  // bytes a cp.async copies when the rows are staged (16 or 4), 0: read in place
@@ -344,10 +345,13 @@ static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * 
     return vec - first;
 }
 
-// Writes a row's value (plus its residual with FRT_GEMV_ADD).
-static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot, int row, float v) {
+// Writes a row's value (plus its residual with FRT_GEMV_ADD; times silu of its gate row's value
+// with FRT_GEMV_SWIGLU, as mmvq's fused GLU epilogue multiplies).
+static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot, int row, float v, float gate = 0.0f) {
     if (s.epilogue == FRT_GEMV_ADD) {
         v += s.residual[(int64_t) slot * s.residual_stride + row];
+    } else if (s.epilogue == FRT_GEMV_SWIGLU) {
+        v *= gate / (1.0f + expf(-gate));
     }
     s.out[(int64_t) slot * s.out_stride + row] = v;
 }
@@ -384,7 +388,7 @@ static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slo
 // previous kernel (weights are not written by kernels; expert rows right after it, their ids
 // come from an earlier kernel), so that their latency overlaps that kernel's tail and the
 // prologue; otherwise each item is read from global memory where it is used.
-template <int TYPE, bool STAGED>
+template <int TYPE, bool STAGED, bool GLU>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
@@ -396,14 +400,24 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int passes = (n_items + kStockThreads - 1) / kStockThreads;
     uint8_t * stage  = smem + p.smem_stage;
 
-    int64_t off = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
+    // With FRT_GEMV_SWIGLU the gate matrix's same rows too, staged after them; their sums go to
+    // the partial sums' second half.
+    constexpr bool glu  = GLU;  // the launch's segments all have FRT_GEMV_SWIGLU
+    const int64_t bytes = (int64_t) n * s.row_stride;
+    int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
+    const auto    stage_rows = [&]() {
+        exact_copy(stage, s.w + off, bytes, s.stage_unit);
+        if constexpr (glu) {
+            exact_copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
+        }
+    };
     if (STAGED && s.ids == nullptr) {
-        exact_copy(stage, s.w + off, (int64_t) n * s.row_stride, s.stage_unit);
+        stage_rows();
     }
     frt_pdl_wait();
     const bool valid = exact_matrix(s, slot, off);
     if (STAGED && valid && s.ids != nullptr) {
-        exact_copy(stage, s.w + off, (int64_t) n * s.row_stride, s.stage_unit);
+        stage_rows();
     }
     const int      at   = exact_prologue(p, vec, smem);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
@@ -413,7 +427,9 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         gemv_cp_async_wait_all();
         __syncthreads();
     }
-    const uint8_t * rows = STAGED ? stage : s.w + off;
+    const uint8_t * rows  = STAGED ? stage : s.w + off;
+    const uint8_t * grows = STAGED ? stage + bytes : glu ? s.w_gate + off : nullptr;
+    const int       gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
 
     if (valid) {
         // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
@@ -427,10 +443,9 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         if (has1) {
             x1 = item::load_x(xq, xm, (ts + kStockThreads) / item::per_block, iqs);
         }
-#pragma unroll 4
-        for (int j = sub; j < n; j += together) {
-            const uint8_t * row = rows + (int64_t) j * s.row_stride;
-            float           acc = 0.0f;
+        // One row's sum as stock's thread ts adds it: items ts, ts + 128, ... in order.
+        const auto row_sum = [&](const uint8_t * row) {
+            float acc = 0.0f;
             if (has0) {
                 acc += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
             }
@@ -445,23 +460,39 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
                 const int kbx = it / item::per_block;
                 acc += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
             }
-            part[(j * 4 + ts / 32) * 32 + lane] = acc;
+            return acc;
+        };
+        if constexpr (!glu) {
+#pragma unroll 4
+            for (int j = sub; j < n; j += together) {
+                part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * s.row_stride);
+            }
+        } else {
+            for (int j = sub; j < n; j += together) {
+                part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * s.row_stride);
+                part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * s.row_stride);
+            }
         }
     }
     __syncthreads();
     // Warp 0's lanes plus warps 1, 2, 3 (zeros where a row has fewer threads), then the butterfly.
-    for (int j = warp; j < n; j += kExactThreads / 32) {
-        float v = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly
-        if (valid) {
-            v = part[(j * 4) * 32 + lane];
+    const auto reduce = [&](int j) {
+        float v = part[(j * 4) * 32 + lane];
 #pragma unroll
-            for (int sw = 1; sw < 4; ++sw) {
-                v += 32 * sw < per_row ? part[(j * 4 + sw) * 32 + lane] : 0.0f;
-            }
-            v = exact_warp_sum(v);
+        for (int sw = 1; sw < 4; ++sw) {
+            v += 32 * sw < per_row ? part[(j * 4 + sw) * 32 + lane] : 0.0f;
+        }
+        return exact_warp_sum(v);
+    };
+    for (int j = warp; j < n; j += kExactThreads / 32) {
+        const float nan = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly
+        const float v    = valid ? reduce(j) : nan;
+        float       gate = 0.0f;
+        if constexpr (glu) {
+            gate = valid ? reduce(gpart + j) : nan;
         }
         if (lane == 0) {
-            exact_store(s, slot, row0 + j, v);
+            exact_store(s, slot, row0 + j, v, gate);
         }
     }
 }
@@ -485,6 +516,9 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     }
 }
 
+// GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
+// would make the plain one spill).
+template <bool GLU>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -499,23 +533,34 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU>(p, s, slot, row0, n, vec, smem);
             break;
         default:            exact_rows_f32(p, s, slot, row0, n, vec, smem); break;
     }
 }
 
+// Matrices a row multiplies: 2 when the segments have the FRT_GEMV_SWIGLU epilogue (the gate rows
+// are staged and summed beside the up rows; all segments or none, gemv.cu checks), else 1.
+static int exact_row_copies(const frt_gemv_args & a) {
+    for (int i = 0; i < a.n_segments; ++i) {
+        if (a.seg[i].epilogue == FRT_GEMV_SWIGLU) {
+            return 2;
+        }
+    }
+    return 1;
+}
+
 // Shared memory: x as int8 (vectors x k), a uint2 per 32 values, x in float (F32 rows), then the
-// cross-warp sums of up to kExactMaxRows rows. Only the vector a block multiplies is kept, unless
+// cross-warp sums of up to kExactMaxRows rows (of each matrix a row multiplies). Only the vector a block multiplies is kept, unless
 // the launch writes the normed vectors (then all of them).
 static int exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf, int & smem_part, bool & q8,
                         bool & f32) {
@@ -528,7 +573,7 @@ static int exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf, i
     smem_xm         = q8 ? n_vec * a.k : 0;
     smem_xf         = smem_xm + (q8 ? n_vec * (a.k / 32) * (int) sizeof(uint2) : 0);
     smem_part       = (smem_xf + (f32 ? n_vec * a.k * (int) sizeof(float) : 0) + 15) / 16 * 16;
-    return smem_part + kExactMaxRows * kStockThreads * (int) sizeof(float);
+    return smem_part + exact_row_copies(a) * kExactMaxRows * kStockThreads * (int) sizeof(float);
 }
 
 int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf) {
@@ -589,11 +634,12 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.need_f32       = f32;
     const int wave   = dev.sms * kExactBlocksPerSm;
     int       rows   = std::min(kExactMaxRows, std::max(4, ((total + wave - 1) / wave + 3) / 4 * 4));
+    const int copies = exact_row_copies(a);
     if (widest > 0) {  // as many as fit in shared memory with their sums
-        rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (widest + kStockThreads * 4) / 4 * 4));
+        rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (copies * (widest + kStockThreads * 4)) / 4 * 4));
     }
-    p.smem_stage       = p.smem_part + rows * kStockThreads * (int) sizeof(float);  // after the rows' sums
-    const int  staged  = p.smem_stage + (int) (rows * widest);
+    p.smem_stage       = p.smem_part + copies * rows * kStockThreads * (int) sizeof(float);  // after the sums
+    const int  staged  = p.smem_stage + (int) (copies * rows * widest);
     const bool stage   = staged <= kMaxSmem;  // else (rows of over 20 KB) every row in place
     const int  smem    = stage ? staged : p.smem_stage;
     p.rows_per_block   = rows;
@@ -605,6 +651,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.out             = s.out;
         q.residual        = s.residual;
         q.ids             = s.ids;
+        q.w_gate          = (const uint8_t *) s.w_gate;
         q.row_stride      = s.row_stride;
         q.out_stride      = s.ids != nullptr ? s.out_stride : 0;
         q.residual_stride = s.ids != nullptr ? s.residual_stride : 0;
@@ -618,9 +665,12 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.stage_unit      = stage ? units[i] : 0;
         blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
     }
-    err = gemv_allow_smem<frt_gemv_exact_kernel>(device, kMaxSmem);
+    const bool glu = copies == 2;
+    err = glu ? gemv_allow_smem<frt_gemv_exact_kernel<true>>(device, kMaxSmem)
+              : gemv_allow_smem<frt_gemv_exact_kernel<false>>(device, kMaxSmem);
     if (err != cudaSuccess) {
         return err;
     }
-    return frt_launch(frt_gemv_exact_kernel, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p);
+    return glu ? frt_launch(frt_gemv_exact_kernel<true>, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p)
+               : frt_launch(frt_gemv_exact_kernel<false>, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p);
 }

@@ -154,7 +154,11 @@ static const char * gemv_check(const frt_gemv_args & a, int & stage_bytes, int &
         if (s.w == nullptr || !gemv_aligned16(s.w) || s.out == nullptr || s.rows < 1) {
             return "frt_gemv: a segment needs 16-byte aligned weights, an output and rows >= 1";
         }
-        if (s.epilogue != FRT_GEMV_STORE && (s.epilogue != FRT_GEMV_ADD || s.residual == nullptr)) {
+        if (s.epilogue == FRT_GEMV_SWIGLU) {
+            if (s.w_gate == nullptr || !gemv_aligned16(s.w_gate)) {
+                return "frt_gemv: FRT_GEMV_SWIGLU needs 16-byte aligned gate weights";
+            }
+        } else if (s.epilogue != FRT_GEMV_STORE && (s.epilogue != FRT_GEMV_ADD || s.residual == nullptr)) {
             return "frt_gemv: unknown epilogue, or FRT_GEMV_ADD without a residual";
         }
         const int64_t row_bytes = frt_gemv_row_bytes(s.type, a.k);
@@ -229,6 +233,12 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
         if (t != FRT_GEMV_Q4_K && t != FRT_GEMV_Q6_K && t != FRT_GEMV_Q8_0 && t != FRT_GEMV_F32) {
             return "frt_gemv: the exact kernel takes GGUF Q4_K, Q6_K, Q8_0 and F32 weights";
         }
+        if (t == FRT_GEMV_F32 && a.seg[i].epilogue == FRT_GEMV_SWIGLU) {
+            return "frt_gemv: the exact kernel's FRT_GEMV_SWIGLU takes quantized weights";
+        }
+        if ((a.seg[i].epilogue == FRT_GEMV_SWIGLU) != (a.seg[0].epilogue == FRT_GEMV_SWIGLU)) {
+            return "frt_gemv: FRT_GEMV_SWIGLU on every segment of a launch or on none";
+        }
         if (a.seg[i].row_stride != frt_gemv_row_bytes(t, a.k)) {
             return "frt_gemv: the exact kernel takes contiguous rows";
         }
@@ -241,6 +251,13 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
 }
 
 const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
+    if (kernel != FRT_GEMV_KERNEL_EXACT) {
+        for (int i = 0; i < a.n_segments; ++i) {
+            if (a.seg[i].epilogue == FRT_GEMV_SWIGLU) {
+                return "frt_gemv: only the exact kernel has the FRT_GEMV_SWIGLU epilogue";
+            }
+        }
+    }
     switch (kernel) {
         case FRT_GEMV_KERNEL_AUTO:
         case FRT_GEMV_KERNEL_REGISTERS: return gemv_registers_unsupported(a);
@@ -537,17 +554,14 @@ cudaError_t frt_gemv_device_info(int device, gemv_device & info) {
 }
 
 cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream, frt_gemv_kernel kernel) {
+    if (frt_gemv_unsupported(args, kernel) != nullptr) {
+        return cudaErrorInvalidValue;
+    }
     if (kernel == FRT_GEMV_KERNEL_BULK) {
         return frt_gemv_bulk_launch(args, stream);
     }
     if (kernel == FRT_GEMV_KERNEL_EXACT) {
-        return gemv_exact_unsupported(args) != nullptr ? cudaErrorInvalidValue : frt_gemv_exact_launch(args, stream);
-    }
-    if (kernel != FRT_GEMV_KERNEL_AUTO && kernel != FRT_GEMV_KERNEL_REGISTERS) {
-        return cudaErrorInvalidValue;
-    }
-    if (gemv_registers_unsupported(args) != nullptr) {
-        return cudaErrorInvalidValue;
+        return frt_gemv_exact_launch(args, stream);
     }
     const int direct = gemv_direct_type(args);
     switch (gemv_tokens_max(args.tokens)) {

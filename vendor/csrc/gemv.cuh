@@ -85,6 +85,9 @@ enum frt_gemv_type : int32_t {
 enum frt_gemv_epilogue : int32_t {
     FRT_GEMV_STORE = 0,  // out = W x
     FRT_GEMV_ADD,        // out = W x + residual (residual may be out itself)
+    // out = (W x) * silu(W_gate x), silu(g) = g / (1 + expf(-g)): ggml-cuda's gate/up matvec pair
+    // fused with its SWIGLU (mmvq's epilogue), each sum in the unfused order. Exact kernel only.
+    FRT_GEMV_SWIGLU,
 };
 
 constexpr int FRT_GEMV_MAX_SEGMENTS = 8;
@@ -102,6 +105,7 @@ struct frt_gemv_segment {
     frt_gemv_epilogue epilogue;
     const float *     residual;  // FRT_GEMV_ADD: indexed like out (may be out)
     int64_t           residual_stride;
+    const void *      w_gate;    // FRT_GEMV_SWIGLU: the gate matrix, laid out as w (same strides)
     // Experts, when ids != nullptr: slot (t, j) multiplies matrix ids[t * ids_stride + j] (0 <= id
     // < n_experts; another id gives NaN rows) with input vector t * x_per_token + (x_per_token == 1
     // ? 0 : j) of the launch.

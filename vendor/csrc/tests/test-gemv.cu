@@ -409,6 +409,158 @@ bool run_case(const test_case & tc, frt_gemv_kernel kernel, std::mt19937_64 & rn
 }
 
 // Launches frt_gemv must refuse (and then not touch the output).
+// The SWIGLU epilogue's reference: ggml-cuda's fused GLU, up * silu(gate), on the values the plain
+// launches store (the same expression as the kernel's epilogue, compiled the same way).
+__global__ void glu_reference(const float * up, const float * gate, float * out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = up[i];
+        const float g = gate[i];
+        v *= g / (1.0f + expf(-g));
+        out[i] = v;
+    }
+}
+
+// A gate/up pair with the FRT_GEMV_SWIGLU epilogue (exact kernel): every output bit for bit the
+// plain launches' up and gate sums (themselves checked against mmvq's order by run_case) put
+// through glu_reference; NaN rows for an expert id out of range; the padding untouched.
+struct glu_case {
+    std::string   name;
+    frt_gemv_type type;
+    int           k, rows, n_experts;  // n_experts 0: dense
+    bool          with_dense;          // a dense pair in the same launch (the shared expert's)
+    bool          norm;
+};
+
+bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
+    const int k = gc.k, n_used = gc.n_experts > 0 ? 8 : 0;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float>              x(k), norm(k);
+    for (float & v : x) {
+        v = normal(rng);
+    }
+    for (float & v : norm) {
+        v = 0.5f + (float) (rng() % 1000) / 1000.0f;
+    }
+    std::vector<int32_t> ids(n_used);
+    for (int j = 0; j < n_used; ++j) {
+        ids[j] = (int) (rng() % (uint64_t) gc.n_experts);
+    }
+    if (n_used > 0) {
+        ids[n_used / 2] = gc.n_experts + 1;  // out of range: NaN rows
+    }
+    float *   d_x    = upload(x);
+    float *   d_norm = upload(norm);
+    int32_t * d_ids  = n_used > 0 ? upload(ids) : nullptr;
+    struct pair {
+        int       rows, slots, matrices;
+        bool      experts;
+        uint8_t * up, *gate;
+        float *   out[3];  // GLU launch, plain up, plain gate
+    };
+    std::vector<pair> pairs;
+    const int64_t     row_bytes = gemv_ref::gguf_row_bytes(gc.type, k);
+    const auto        add_pair  = [&](int rows, bool experts) {
+        pair p{ rows, experts ? n_used : 1, experts ? gc.n_experts : 1, experts, nullptr, nullptr, {} };
+        std::vector<uint8_t> w((size_t) p.matrices * rows * row_bytes);
+        for (uint8_t ** dst : { &p.up, &p.gate }) {
+            for (int64_t r = 0; r < (int64_t) p.matrices * rows; ++r) {
+                gemv_ref::random_row(gc.type, k, w.data() + r * row_bytes, rng);
+            }
+            *dst = upload(w);
+        }
+        for (float *& o : p.out) {
+            o = (float *) upload(std::vector<uint32_t>((size_t) p.slots * (rows + 3), kPoison));
+        }
+        pairs.push_back(p);
+    };
+    if (gc.n_experts > 0) {
+        add_pair(gc.rows, true);
+    }
+    if (gc.with_dense || gc.n_experts == 0) {
+        add_pair(gc.rows / 2 + 1, false);
+    }
+    // which: 0 the GLU launch, 1 up alone, 2 gate alone.
+    const auto launch = [&](int which) {
+        frt_gemv_args a{};
+        a.x           = d_x;
+        a.x_stride    = k;
+        a.k           = k;
+        a.tokens      = 1;
+        a.x_per_token = 1;
+        a.norm        = gc.norm ? d_norm : nullptr;
+        a.eps         = 1e-6f;
+        a.n_segments  = (int) pairs.size();
+        for (size_t i = 0; i < pairs.size(); ++i) {
+            const pair &       p = pairs[i];
+            frt_gemv_segment & s = a.seg[i];
+            s.type               = gc.type;
+            s.w                  = which == 2 ? p.gate : p.up;
+            s.rows               = p.rows;
+            s.row_stride         = row_bytes;
+            s.out                = p.out[which];
+            s.out_stride         = p.rows + 3;
+            if (which == 0) {
+                s.epilogue = FRT_GEMV_SWIGLU;
+                s.w_gate   = p.gate;
+            }
+            if (p.experts) {
+                s.ids           = d_ids;
+                s.ids_stride    = n_used;
+                s.n_used        = n_used;
+                s.n_experts     = gc.n_experts;
+                s.expert_stride = (int64_t) p.rows * row_bytes;
+            }
+        }
+        if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
+            std::printf("     %s: refused: %s\n", gc.name.c_str(), why);
+            return false;
+        }
+        CHECK(frt_gemv(a, 0, FRT_GEMV_KERNEL_EXACT));
+        return true;
+    };
+    bool ok = launch(0) && launch(1) && launch(2);
+    int64_t checked = 0, bad = 0;
+    for (const pair & p : pairs) {
+        const size_t n = (size_t) p.slots * (p.rows + 3);
+        float *      d_want = nullptr;
+        CHECK(cudaMalloc(&d_want, n * sizeof(float)));
+        glu_reference<<<(unsigned) ((n + 255) / 256), 256>>>(p.out[1], p.out[2], d_want, (int) n);
+        CHECK(cudaDeviceSynchronize());
+        const std::vector<uint32_t> got  = download((const uint32_t *) p.out[0], n);
+        const std::vector<uint32_t> want = download((const uint32_t *) d_want, n);
+        for (int o = 0; o < p.slots; ++o) {
+            const bool nan_rows = p.experts && (ids[o] < 0 || ids[o] >= gc.n_experts);
+            for (int r = 0; r < p.rows + 3; ++r) {
+                const size_t at = (size_t) o * (p.rows + 3) + r;
+                float        y;
+                std::memcpy(&y, &got[at], 4);
+                const bool good = r >= p.rows ? got[at] == kPoison : nan_rows ? std::isnan(y) : got[at] == want[at];
+                ++checked;
+                if (!good && bad++ < 5) {
+                    float w;
+                    std::memcpy(&w, &want[at], 4);
+                    std::printf("     %s %s slot %d row %d: %.9g, want %.9g\n", gc.name.c_str(),
+                                p.experts ? "experts" : "dense", o, r, y, w);
+                }
+            }
+        }
+        CHECK(cudaFree(d_want));
+        for (void * m : { (void *) p.up, (void *) p.gate, (void *) p.out[0], (void *) p.out[1], (void *) p.out[2] }) {
+            CHECK(cudaFree(m));
+        }
+    }
+    CHECK(cudaFree(d_x));
+    CHECK(cudaFree(d_norm));
+    if (d_ids != nullptr) {
+        CHECK(cudaFree(d_ids));
+    }
+    ok = ok && bad == 0;
+    std::printf("%-4s %-34s exact k=%5d outputs=%9" PRId64 "  SWIGLU bit for bit the plain sums' up * silu(gate)\n",
+                ok ? "ok" : "FAIL", gc.name.c_str(), k, checked);
+    return ok;
+}
+
 bool run_refusals() {
     std::vector<float> host(4096 * 8, 1.0f);
     float *            d  = upload(host);
@@ -480,6 +632,18 @@ bool run_refusals() {
         { "repacked Q6_K (exact)", [](frt_gemv_args & a) {
               a.seg[0].type       = FRT_GEMV_Q6_K_R;
               a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K_R, 2048);
+          }, FRT_GEMV_KERNEL_EXACT },
+        { "SWIGLU on the register kernel", [](frt_gemv_args & a) {
+              a.seg[0].epilogue = FRT_GEMV_SWIGLU;
+              a.seg[0].w_gate   = a.seg[0].w;
+          } },
+        { "SWIGLU without gate weights (exact)", [](frt_gemv_args & a) { a.seg[0].epilogue = FRT_GEMV_SWIGLU; },
+          FRT_GEMV_KERNEL_EXACT },
+        { "SWIGLU on one segment of two (exact)", [](frt_gemv_args & a) {
+              a.n_segments      = 2;
+              a.seg[1]          = a.seg[0];
+              a.seg[0].epilogue = FRT_GEMV_SWIGLU;
+              a.seg[0].w_gate   = a.seg[0].w;
           }, FRT_GEMV_KERNEL_EXACT },
         { "float x of 8 tokens x 4096", [](frt_gemv_args & a) {
               a.k                 = 4096;
@@ -656,6 +820,19 @@ int main(int argc, char ** argv) {
             failed += run_case(c, kernel, rng) ? 0 : 1;
             ++total;
         }
+    }
+    // The SWIGLU epilogue: the routed experts' gate/up (16 experts, 8 used, one id out of range),
+    // with the shared expert's pair in the same launch and the FFN norm in the prologue as
+    // SHEXP_FOLD runs them; a dense pair alone; rows read in place (GGUF Q6_K of 630 bytes).
+    const glu_case glu_cases[] = {
+        { "SWIGLU experts + shared, normed", FRT_GEMV_Q4_K, 2048, 512, 16, true, true },
+        { "SWIGLU dense q6_K k=512", FRT_GEMV_Q6_K, 512, 300, 0, false, false },
+        { "SWIGLU experts q8_0 k=1024", FRT_GEMV_Q8_0, 1024, 70, 12, false, false },
+        { "SWIGLU q6_K k=768 in place", FRT_GEMV_Q6_K, 768, 40, 10, true, false },
+    };
+    for (const glu_case & gc : glu_cases) {
+        failed += run_glu_case(gc, rng) ? 0 : 1;
+        ++total;
     }
     failed += run_refusals() ? 0 : 1;
     ++total;
