@@ -70,6 +70,25 @@ static bool same_vector(const ggml_tensor * a, const ggml_tensor * b) {
                       ggml_is_contiguous(a) && ggml_is_contiguous(b));
 }
 
+// A SWIGLU of two tensors, gate then up (ggml_swiglu_split): what ggml-cuda's mmvq fuses with the
+// gate/up matvec pair that feeds it, and what an FRT_GEMV_SWIGLU segment computes.
+static bool is_split_swiglu(const ggml_tensor * t) {
+    return t->op == GGML_OP_GLU && ggml_get_glu_op(t) == GGML_GLU_OP_SWIGLU && t->src[0] != nullptr &&
+           t->src[1] != nullptr && ((const int32_t *) t->op_params)[1] == 0;
+}
+
+// Whether pack node p (a matvec) is the gate or the up of one of the pack's SWIGLU nodes.
+static bool feeds_pack_glu(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, int p) {
+    const ggml_tensor * mm = cgraph->nodes[pack.nodes[p]];
+    for (int q = 0; q < pack.n; ++q) {
+        const ggml_tensor * t = cgraph->nodes[pack.nodes[q]];
+        if (t->op == GGML_OP_GLU && (t->src[0] == mm || t->src[1] == mm)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // GGML_FLASHRT_GEMV_ONLY=part[,part...] (diagnostic): the GEMV windows take only weights whose
 // name contains one of the parts, to find which matvec moves the logits off stock's.
 static bool named_in_gemv_only(const ggml_tensor * w) {
@@ -394,19 +413,23 @@ static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
     }
     a.n_segments = 0;
     for (int p = 0; p < pack.n; ++p) {
-        if (pack.there[p]) {
-            continue;
+        if (pack.there[p] || feeds_pack_glu(cgraph, pack, p)) {
+            continue;  // computed where it stands, or by its SWIGLU's segment
         }
-        const ggml_tensor * node = cgraph->nodes[pack.nodes[p]];
+        const ggml_tensor * out = cgraph->nodes[pack.nodes[p]];
+        // A SWIGLU node: its up matvec's segment, with the gate's weights beside, writing its output.
+        const bool          glu  = out->op == GGML_OP_GLU;
+        const ggml_tensor * node = glu ? out->src[1] : out;
         const ggml_tensor * w = node->src[0];
         frt_gemv_segment & s = a.seg[a.n_segments++];
         s.type = gemv_type_of(w->type);
         s.w = w->data;
         s.rows = (int) w->ne[1];
         s.row_stride = w->nb[1];
-        s.out = (float *) node->data;
-        s.out_stride = node->nb[1] / sizeof(float);
-        s.epilogue = FRT_GEMV_STORE;
+        s.out = (float *) out->data;
+        s.out_stride = out->nb[1] / sizeof(float);
+        s.epilogue = glu ? FRT_GEMV_SWIGLU : FRT_GEMV_STORE;
+        s.w_gate = glu ? out->src[0]->src[0]->data : nullptr;
         if (is_expert_matvec(node)) {
             const ggml_tensor * ids = node->src[2];
             s.ids = (const int32_t *) ids->data;
@@ -474,13 +497,17 @@ static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pac
     std::string names;
     int         si    = 0;
     for (int p = 0; p < pack.n; ++p) {
-        if (pack.there[p]) {
+        if (pack.there[p] || feeds_pack_glu(cgraph, pack, p)) {
             continue;
         }
+        const ggml_tensor *      node  = cgraph->nodes[pack.nodes[p]];
+        const bool               glu   = node->op == GGML_OP_GLU;
         const frt_gemv_segment & s     = a.seg[si++];
         const int64_t            slots = s.ids != nullptr ? (int64_t) a.tokens * s.n_used : 1;
-        bytes += (uint64_t) (slots * s.rows * frt_gemv_row_bytes(s.type, a.k));
-        names += (names.empty() ? "" : " / ") + std::string(cgraph->nodes[pack.nodes[p]]->src[0]->name);
+        bytes += (uint64_t) ((glu ? 2 : 1) * slots * s.rows * frt_gemv_row_bytes(s.type, a.k));
+        names += (names.empty() ? "" : " / ") +
+                 (glu ? std::string(node->src[0]->src[0]->name) + " / " + node->src[1]->src[0]->name
+                      : std::string(node->src[0]->name));
     }
     flashrt_log_launch(window, bytes, names);
 }
@@ -519,7 +546,7 @@ void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgrap
     }
     for (int p = 0; p < pack.n; ++p) {
         const ggml_tensor * node = cgraph->nodes[pack.nodes[p]];
-        if (!is_expert_matvec(node) && flashrt_repack_supported(node->src[0], flashrt_layout::gemv)) {
+        if (node->op == GGML_OP_MUL_MAT && flashrt_repack_supported(node->src[0], flashrt_layout::gemv)) {
             flashrt_repack_prepare(ctx, node->src[0], flashrt_layout::gemv);
         }
     }
@@ -590,6 +617,103 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
     return kernel_miss(cgraph, pack);
 }
 
+// Whether the SWIGLU `glu` may be written by the launch at node run_at: apart from the input, every
+// weight and every other output of the launch, and untouched by the nodes the loop would run before
+// it (the allocator may lend its memory to them).
+static bool glu_early_safe(const ggml_cgraph * cgraph, int run_at, const flashrt_gemv_pack & pack, int glu,
+                           const ggml_tensor * x) {
+    const ggml_tensor * out = cgraph->nodes[glu];
+    if (flashrt_overlaps(out, x)) {
+        return false;
+    }
+    for (int q = 0; q < pack.n; ++q) {
+        const ggml_tensor * t = cgraph->nodes[pack.nodes[q]];
+        if (t->op != GGML_OP_GLU && flashrt_overlaps(out, t->src[0])) {
+            return false;  // a weight
+        }
+        if (t->op == GGML_OP_GLU && pack.nodes[q] != glu && flashrt_overlaps(out, t)) {
+            return false;  // another SWIGLU of the launch
+        }
+    }
+    for (int t = run_at; t < glu; ++t) {
+        if (std::find(pack.nodes, pack.nodes + pack.n, t) != pack.nodes + pack.n) {
+            continue;  // not computed by the loop
+        }
+        const ggml_tensor * node = cgraph->nodes[t];
+        if ((node->data != nullptr && flashrt_overlaps(node, out)) || overlaps_any_source(node, out)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// Adds to `pack` (matvecs from node i, none computed apart) the SWIGLU nodes its matvecs feed, when
+// every matvec is the gate or the up of one (the kernel takes the epilogue on all segments of a
+// launch or on none), each read by that node alone, the pairs alike (type, shape, ids), and each
+// SWIGLU's output can be written at i. Returns whether it did.
+static bool add_glu_nodes(const ggml_cgraph * cgraph, int i, const ggml_tensor * x, flashrt_gemv_pack & pack) {
+    int       glus[FRT_GEMV_MAX_SEGMENTS];
+    int       n_glu = 0;
+    const int end   = std::min(cgraph->n_nodes, i + 1 + flashrt_gemv_lookahead);
+    for (int p = 0; p < pack.n; ++p) {
+        if (pack.there[p] || !ggml_node_has_n_uses(cgraph, pack.nodes[p], 1)) {
+            return false;
+        }
+        const ggml_tensor * mm   = cgraph->nodes[pack.nodes[p]];
+        int                 user = -1;
+        for (int j = pack.nodes[p] + 1; j < end && user < 0; ++j) {
+            const ggml_tensor * t = cgraph->nodes[j];
+            if (t->src[0] == mm || t->src[1] == mm) {
+                user = j;
+            }
+        }
+        if (user < 0 || !is_split_swiglu(cgraph->nodes[user])) {
+            return false;
+        }
+        if (std::find(glus, glus + n_glu, user) == glus + n_glu) {
+            glus[n_glu++] = user;
+        }
+    }
+    if (pack.n + n_glu > FRT_GEMV_MAX_SEGMENTS || pack.n + n_glu - 1 > FLASHRT_MAX_CLAIMED) {
+        return false;
+    }
+    for (int g = 0; g < n_glu; ++g) {
+        const ggml_tensor * glu  = cgraph->nodes[glus[g]];
+        const ggml_tensor * gate = glu->src[0];
+        const ggml_tensor * up   = glu->src[1];
+        const auto in_pack = [&](const ggml_tensor * t) {
+            for (int p = 0; p < pack.n; ++p) {
+                if (cgraph->nodes[pack.nodes[p]] == t) {
+                    return true;
+                }
+            }
+            return false;
+        };
+        const ggml_tensor * wg = gate->src[0];
+        const ggml_tensor * wu = up->src[0];
+        if (!in_pack(gate) || !in_pack(up) || !same_launch(gate, up) || gate->src[1] != up->src[1] ||
+            wg->type != wu->type || !ggml_are_same_shape(wg, wu) || wg->nb[1] != wu->nb[1] || wg->nb[2] != wu->nb[2]) {
+            return false;
+        }
+        if (glu->type != GGML_TYPE_F32 || !ggml_are_same_shape(glu, up) || glu->nb[0] != sizeof(float) ||
+            glu->nb[1] != up->nb[1] || (glu->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+            return false;
+        }
+    }
+    flashrt_gemv_pack with = pack;
+    for (int g = 0; g < n_glu; ++g) {
+        with.nodes[with.n++] = glus[g];
+    }
+    std::sort(with.nodes, with.nodes + with.n);
+    for (int g = 0; g < n_glu; ++g) {
+        if (!glu_early_safe(cgraph, i, with, glus[g], x)) {
+            return false;
+        }
+    }
+    pack = with;
+    return true;
+}
+
 const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_fold fold,
                                            flashrt_gemv_pack & pack) {
     if (const char * miss = collect_same_input(cgraph, i, fold, pack)) {
@@ -611,6 +735,12 @@ const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, fl
         return "memory: the shared expert's outputs are lent out until their turn";
     }
     pack = safe;
+    // Gate/up pairs that feed SWIGLUs: the launch computes the SWIGLUs too, as stock fuses them.
+    flashrt_gemv_pack with_glu = pack;
+    if (add_glu_nodes(cgraph, i, input, with_glu) && kernel_miss(cgraph, with_glu) == nullptr) {
+        pack = with_glu;
+        return nullptr;
+    }
     return kernel_miss(cgraph, pack);
 }
 
