@@ -77,12 +77,23 @@ static bool is_split_swiglu(const ggml_tensor * t) {
            t->src[1] != nullptr && ((const int32_t *) t->op_params)[1] == 0;
 }
 
-// Whether pack node p (a matvec) is the gate or the up of one of the pack's SWIGLU nodes.
-static bool feeds_pack_glu(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, int p) {
+// Whether t is one of the pack's nodes.
+static bool is_pack_node(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, const ggml_tensor * t) {
+    for (int q = 0; q < pack.n; ++q) {
+        if (cgraph->nodes[pack.nodes[q]] == t) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// Whether pack node p (a matvec) is computed by another pack node's segment: the gate or the up of
+// one of the pack's SWIGLU nodes, or the matvec one of its ADD nodes adds a residual to.
+static bool feeds_pack_epilogue(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, int p) {
     const ggml_tensor * mm = cgraph->nodes[pack.nodes[p]];
     for (int q = 0; q < pack.n; ++q) {
         const ggml_tensor * t = cgraph->nodes[pack.nodes[q]];
-        if (t->op == GGML_OP_GLU && (t->src[0] == mm || t->src[1] == mm)) {
+        if ((t->op == GGML_OP_GLU || t->op == GGML_OP_ADD) && (t->src[0] == mm || t->src[1] == mm)) {
             return true;
         }
     }
@@ -413,13 +424,16 @@ static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
     }
     a.n_segments = 0;
     for (int p = 0; p < pack.n; ++p) {
-        if (pack.there[p] || feeds_pack_glu(cgraph, pack, p)) {
+        if (pack.there[p] || feeds_pack_epilogue(cgraph, pack, p)) {
             continue;  // computed where it stands, or by its SWIGLU's segment
         }
         const ggml_tensor * out = cgraph->nodes[pack.nodes[p]];
         // A SWIGLU node: its up matvec's segment, with the gate's weights beside, writing its output.
+        // An ADD node: its matvec's segment, adding the other operand (the residual).
         const bool          glu  = out->op == GGML_OP_GLU;
-        const ggml_tensor * node = glu ? out->src[1] : out;
+        const bool          add  = out->op == GGML_OP_ADD;
+        const int           mm_src = add && !is_pack_node(cgraph, pack, out->src[0]) ? 1 : 0;
+        const ggml_tensor * node = glu ? out->src[1] : add ? out->src[mm_src] : out;
         const ggml_tensor * w = node->src[0];
         frt_gemv_segment & s = a.seg[a.n_segments++];
         s.type = gemv_type_of(w->type);
@@ -428,8 +442,13 @@ static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
         s.row_stride = w->nb[1];
         s.out = (float *) out->data;
         s.out_stride = out->nb[1] / sizeof(float);
-        s.epilogue = glu ? FRT_GEMV_SWIGLU : FRT_GEMV_STORE;
+        s.epilogue = glu ? FRT_GEMV_SWIGLU : add ? FRT_GEMV_ADD : FRT_GEMV_STORE;
         s.w_gate = glu ? out->src[0]->src[0]->data : nullptr;
+        if (add) {
+            const ggml_tensor * residual = out->src[1 - mm_src];
+            s.residual = (const float *) residual->data;
+            s.residual_stride = residual->nb[1] / sizeof(float);
+        }
         if (is_expert_matvec(node)) {
             const ggml_tensor * ids = node->src[2];
             s.ids = (const int32_t *) ids->data;
@@ -497,12 +516,15 @@ static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pac
     std::string names;
     int         si    = 0;
     for (int p = 0; p < pack.n; ++p) {
-        if (pack.there[p] || feeds_pack_glu(cgraph, pack, p)) {
+        if (pack.there[p] || feeds_pack_epilogue(cgraph, pack, p)) {
             continue;
         }
         const ggml_tensor *      node  = cgraph->nodes[pack.nodes[p]];
         const bool               glu   = node->op == GGML_OP_GLU;
         const frt_gemv_segment & s     = a.seg[si++];
+        if (node->op == GGML_OP_ADD) {
+            node = is_pack_node(cgraph, pack, node->src[0]) ? node->src[0] : node->src[1];
+        }
         const int64_t            slots = s.ids != nullptr ? (int64_t) a.tokens * s.n_used : 1;
         bytes += (uint64_t) ((glu ? 2 : 1) * slots * s.rows * frt_gemv_row_bytes(s.type, a.k));
         names += (names.empty() ? "" : " / ") +
@@ -617,30 +639,35 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
     return kernel_miss(cgraph, pack);
 }
 
-// Whether the SWIGLU `glu` may be written by the launch at node run_at: apart from the input, every
-// weight and every other output of the launch, and untouched by the nodes the loop would run before
-// it (the allocator may lend its memory to them).
-static bool glu_early_safe(const ggml_cgraph * cgraph, int run_at, const flashrt_gemv_pack & pack, int glu,
-                           const ggml_tensor * x) {
-    const ggml_tensor * out = cgraph->nodes[glu];
+// Whether the output of pack node `node` (a SWIGLU or an ADD that the launch computes) may be
+// written by the launch at node run_at: apart from the input, every weight and every other output
+// of the launch, and untouched by the nodes the loop would run before it (the allocator may lend
+// its memory to them).
+static bool epilogue_out_safe(const ggml_cgraph * cgraph, int run_at, const flashrt_gemv_pack & pack, int node,
+                              const ggml_tensor * x) {
+    const ggml_tensor * out = cgraph->nodes[node];
     if (flashrt_overlaps(out, x)) {
         return false;
     }
     for (int q = 0; q < pack.n; ++q) {
         const ggml_tensor * t = cgraph->nodes[pack.nodes[q]];
-        if (t->op != GGML_OP_GLU && flashrt_overlaps(out, t->src[0])) {
+        if (pack.nodes[q] == node) {
+            continue;
+        }
+        const bool matvec = t->op == GGML_OP_MUL_MAT || t->op == GGML_OP_MUL_MAT_ID;
+        if (matvec && flashrt_overlaps(out, t->src[0])) {
             return false;  // a weight
         }
-        if (t->op == GGML_OP_GLU && pack.nodes[q] != glu && flashrt_overlaps(out, t)) {
-            return false;  // another SWIGLU of the launch
+        if ((!matvec || !feeds_pack_epilogue(cgraph, pack, q)) && flashrt_overlaps(out, t)) {
+            return false;  // another output of the launch
         }
     }
-    for (int t = run_at; t < glu; ++t) {
+    for (int t = run_at; t < node; ++t) {
         if (std::find(pack.nodes, pack.nodes + pack.n, t) != pack.nodes + pack.n) {
             continue;  // not computed by the loop
         }
-        const ggml_tensor * node = cgraph->nodes[t];
-        if ((node->data != nullptr && flashrt_overlaps(node, out)) || overlaps_any_source(node, out)) {
+        const ggml_tensor * other = cgraph->nodes[t];
+        if ((other->data != nullptr && flashrt_overlaps(other, out)) || overlaps_any_source(other, out)) {
             return false;
         }
     }
@@ -706,12 +733,92 @@ static bool add_glu_nodes(const ggml_cgraph * cgraph, int i, const ggml_tensor *
     }
     std::sort(with.nodes, with.nodes + with.n);
     for (int g = 0; g < n_glu; ++g) {
-        if (!glu_early_safe(cgraph, i, with, glus[g], x)) {
+        if (!epilogue_out_safe(cgraph, i, with, glus[g], x)) {
             return false;
         }
     }
     pack = with;
     return true;
+}
+
+// The residual add after a dense matvec (an output projection's `ADD(projection, residual)`),
+// computed by the matvec's launch as FRT_GEMV_ADD, as stock's mmvq fuses a following ADD: the
+// matvec read by the ADD alone, the other operand an F32 tensor of the same shape that exists at
+// node i, is not written before the ADD and is not written by the launch (other than in place,
+// row for row, by the ADD's own output).
+static bool residual_ready(const ggml_cgraph * cgraph, int run_at, const flashrt_gemv_pack & pack, int add,
+                           const ggml_tensor * residual) {
+    const ggml_tensor * out = cgraph->nodes[add];
+    if (flashrt_overlaps(out, residual) && (out->data != residual->data || out->nb[1] != residual->nb[1])) {
+        return false;
+    }
+    for (int q = 0; q < pack.n; ++q) {
+        const ggml_tensor * t = cgraph->nodes[pack.nodes[q]];
+        const bool matvec = t->op == GGML_OP_MUL_MAT || t->op == GGML_OP_MUL_MAT_ID;
+        if (pack.nodes[q] != add && (!matvec || !feeds_pack_epilogue(cgraph, pack, q)) && flashrt_overlaps(t, residual)) {
+            return false;
+        }
+    }
+    for (int t = run_at; t < add; ++t) {
+        const ggml_tensor * node = cgraph->nodes[t];
+        if (std::find(pack.nodes, pack.nodes + pack.n, t) == pack.nodes + pack.n && node->data != nullptr &&
+            flashrt_overlaps(node, residual)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// Adds to `pack` the ADD nodes of residuals after its dense matvecs (residual_ready), each only when
+// its output can be written at node i. Returns whether it added any.
+static bool add_residual_adds(const ggml_cgraph * cgraph, int i, const ggml_tensor * x, flashrt_gemv_pack & pack) {
+    const int end   = std::min(cgraph->n_nodes, i + 1 + flashrt_gemv_lookahead);
+    bool      added = false;
+    const int n_mm  = pack.n;
+    for (int p = 0; p < n_mm; ++p) {
+        const int           at = pack.nodes[p];
+        const ggml_tensor * mm = cgraph->nodes[at];
+        if (pack.there[p] || mm->op != GGML_OP_MUL_MAT || !ggml_node_has_n_uses(cgraph, at, 1) ||
+            pack.n == FRT_GEMV_MAX_SEGMENTS || pack.n - 1 >= FLASHRT_MAX_CLAIMED) {
+            continue;
+        }
+        int user = -1;
+        for (int j = at + 1; j < end && user < 0; ++j) {
+            if (cgraph->nodes[j]->src[0] == mm || cgraph->nodes[j]->src[1] == mm) {
+                user = j;
+            }
+        }
+        if (user < 0) {
+            continue;
+        }
+        const ggml_tensor * add = cgraph->nodes[user];
+        if (add->op != GGML_OP_ADD || (add->src[0] == mm) == (add->src[1] == mm)) {
+            continue;
+        }
+        const ggml_tensor * residual = add->src[0] == mm ? add->src[1] : add->src[0];
+        if (residual->type != GGML_TYPE_F32 || !ggml_are_same_shape(residual, mm) || residual->nb[0] != sizeof(float) ||
+            residual->data == nullptr || is_pack_node(cgraph, pack, residual) || add->type != GGML_TYPE_F32 ||
+            !ggml_are_same_shape(add, mm) || add->nb[0] != sizeof(float) || (add->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+            continue;
+        }
+        flashrt_gemv_pack with = pack;
+        with.nodes[with.n++] = user;
+        std::sort(with.nodes, with.nodes + with.n);
+        bool safe = epilogue_out_safe(cgraph, i, with, user, x) && residual_ready(cgraph, i, with, user, residual);
+        for (int q = 0; q < with.n && safe; ++q) {
+            const ggml_tensor * t = cgraph->nodes[with.nodes[q]];
+            if (t->op == GGML_OP_ADD && with.nodes[q] != user) {  // the ones added before still hold
+                safe = epilogue_out_safe(cgraph, i, with, with.nodes[q], x) &&
+                       residual_ready(cgraph, i, with, with.nodes[q],
+                                      is_pack_node(cgraph, with, t->src[0]) ? t->src[1] : t->src[0]);
+            }
+        }
+        if (safe) {
+            pack  = with;
+            added = true;
+        }
+    }
+    return added;
 }
 
 const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_fold fold,
@@ -739,6 +846,12 @@ const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, fl
     flashrt_gemv_pack with_glu = pack;
     if (add_glu_nodes(cgraph, i, input, with_glu) && kernel_miss(cgraph, with_glu) == nullptr) {
         pack = with_glu;
+        return nullptr;
+    }
+    // Residual adds after its matvecs: the launch adds them, as stock fuses them.
+    flashrt_gemv_pack with_adds = pack;
+    if (add_residual_adds(cgraph, i, input, with_adds) && kernel_miss(cgraph, with_adds) == nullptr) {
+        pack = with_adds;
         return nullptr;
     }
     return kernel_miss(cgraph, pack);
