@@ -674,6 +674,17 @@ static bool epilogue_out_safe(const ggml_cgraph * cgraph, int run_at, const flas
     return true;
 }
 
+// The first node before `end` that reads node `at` as its first or second source, or -1.
+static int first_reader(const ggml_cgraph * cgraph, int at, int end) {
+    const ggml_tensor * value = cgraph->nodes[at];
+    for (int j = at + 1; j < end; ++j) {
+        if (cgraph->nodes[j]->src[0] == value || cgraph->nodes[j]->src[1] == value) {
+            return j;
+        }
+    }
+    return -1;
+}
+
 // Adds to `pack` (matvecs from node i, none computed apart) the SWIGLU nodes its matvecs feed, when
 // every matvec is the gate or the up of one (the kernel takes the epilogue on all segments of a
 // launch or on none), each read by that node alone, the pairs alike (type, shape, ids), and each
@@ -686,14 +697,7 @@ static bool add_glu_nodes(const ggml_cgraph * cgraph, int i, const ggml_tensor *
         if (pack.there[p] || !ggml_node_has_n_uses(cgraph, pack.nodes[p], 1)) {
             return false;
         }
-        const ggml_tensor * mm   = cgraph->nodes[pack.nodes[p]];
-        int                 user = -1;
-        for (int j = pack.nodes[p] + 1; j < end && user < 0; ++j) {
-            const ggml_tensor * t = cgraph->nodes[j];
-            if (t->src[0] == mm || t->src[1] == mm) {
-                user = j;
-            }
-        }
+        const int user = first_reader(cgraph, pack.nodes[p], end);
         if (user < 0 || !is_split_swiglu(cgraph->nodes[user])) {
             return false;
         }
@@ -708,17 +712,9 @@ static bool add_glu_nodes(const ggml_cgraph * cgraph, int i, const ggml_tensor *
         const ggml_tensor * glu  = cgraph->nodes[glus[g]];
         const ggml_tensor * gate = glu->src[0];
         const ggml_tensor * up   = glu->src[1];
-        const auto in_pack = [&](const ggml_tensor * t) {
-            for (int p = 0; p < pack.n; ++p) {
-                if (cgraph->nodes[pack.nodes[p]] == t) {
-                    return true;
-                }
-            }
-            return false;
-        };
         const ggml_tensor * wg = gate->src[0];
         const ggml_tensor * wu = up->src[0];
-        if (!in_pack(gate) || !in_pack(up) || !same_launch(gate, up) || gate->src[1] != up->src[1] ||
+        if (!is_pack_node(cgraph, pack, gate) || !is_pack_node(cgraph, pack, up) || !same_launch(gate, up) || gate->src[1] != up->src[1] ||
             wg->type != wu->type || !ggml_are_same_shape(wg, wu) || wg->nb[1] != wu->nb[1] || wg->nb[2] != wu->nb[2]) {
             return false;
         }
@@ -782,12 +778,7 @@ static bool add_residual_adds(const ggml_cgraph * cgraph, int i, const ggml_tens
             pack.n == FRT_GEMV_MAX_SEGMENTS || pack.n - 1 >= FLASHRT_MAX_CLAIMED) {
             continue;
         }
-        int user = -1;
-        for (int j = at + 1; j < end && user < 0; ++j) {
-            if (cgraph->nodes[j]->src[0] == mm || cgraph->nodes[j]->src[1] == mm) {
-                user = j;
-            }
-        }
+        const int user = first_reader(cgraph, at, end);
         if (user < 0) {
             continue;
         }
