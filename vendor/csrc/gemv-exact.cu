@@ -497,21 +497,37 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     }
 }
 
-// The block's rows [row0, row0 + n) of an F32 matrix: one warp a row.
+// The block's rows [row0, row0 + n) of an F32 matrix: one warp a row. STAGED as for the quantized
+// rows: a warp's row in global memory takes one load latency per pass of mmvf's loop (4 at k =
+// 2048), which set the router pack's time; copied before the wait, the latency overlaps the
+// previous kernel and the prologue.
+template <bool STAGED>
 static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                       uint8_t * smem) {
+    uint8_t *     stage = smem + p.smem_stage;
+    int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
+    const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
+    if (STAGED && s.ids == nullptr) {
+        exact_copy(stage, s.w + off, bytes, s.stage_unit);
+    }
     frt_pdl_wait();
-    int64_t       off   = 0;
-    const bool    valid = exact_matrix(s, slot, off);
-    const int     at    = exact_prologue(p, vec, smem);
+    const bool valid = exact_matrix(s, slot, off);
+    if (STAGED && valid && s.ids != nullptr) {
+        exact_copy(stage, s.w + off, bytes, s.stage_unit);
+    }
+    const int     at   = exact_prologue(p, vec, smem);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;
+    if (STAGED) {
+        gemv_cp_async_wait_all();
+        __syncthreads();
+    }
+    const uint8_t * rows = STAGED ? stage : s.w + off;
     for (int j = threadIdx.x / 32; j < n; j += kExactThreads / 32) {
-        const int row = row0 + j;
-        const float v = valid ? exact_row_f32((const float *) (s.w + off + (int64_t) row * s.row_stride), p.k, xf, p.f32_block, lane)
+        const float v = valid ? exact_row_f32((const float *) (rows + (int64_t) j * s.row_stride), p.k, xf, p.f32_block, lane)
                               : __int_as_float(0x7fffffff);
         if (lane == 0) {
-            exact_store(s, slot, row, v);
+            exact_store(s, slot, row0 + j, v);
         }
     }
 }
@@ -544,7 +560,10 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
             s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU>(p, s, slot, row0, n, vec, smem)
                          : exact_rows<FRT_GEMV_Q8_0, false, GLU>(p, s, slot, row0, n, vec, smem);
             break;
-        default:            exact_rows_f32(p, s, slot, row0, n, vec, smem); break;
+        default:
+            s.stage_unit ? exact_rows_f32<true>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows_f32<false>(p, s, slot, row0, n, vec, smem);
+            break;
     }
 }
 
@@ -616,14 +635,20 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     int     total = 0;
     int64_t widest = 0;  // the longest staged row
     int     units[FRT_GEMV_MAX_SEGMENTS];
+    bool    f32_only = true;
+    for (int i = 0; i < a.n_segments; ++i) {
+        f32_only = f32_only && a.seg[i].type == FRT_GEMV_F32;
+    }
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
         total += (s.ids != nullptr ? s.n_used : 1) * s.rows;
         // Staged in 16-byte copies when every row start (and expert matrix) is 16-byte aligned, else
-        // 4-byte ones; F32 rows and 2-byte aligned GGUF rows are read in place.
+        // 4-byte ones; 2-byte aligned GGUF rows are read in place, and so are F32 rows in a launch
+        // with quantized ones (their width would cut the quantized rows a block takes).
         const uint64_t align = (uint64_t) (uintptr_t) s.w | (uint64_t) s.row_stride |
-                               (uint64_t) (s.ids != nullptr ? s.expert_stride : 0);
-        units[i] = s.type == FRT_GEMV_F32 ? 0 : align % 16 == 0 ? 16 : align % 4 == 0 ? 4 : 0;
+                               (uint64_t) (s.ids != nullptr ? s.expert_stride : 0) |
+                               (uint64_t) (s.type == FRT_GEMV_F32 ? a.k * sizeof(float) : 0);  // the copy's length
+        units[i] = s.type == FRT_GEMV_F32 && !f32_only ? 0 : align % 16 == 0 ? 16 : align % 4 == 0 ? 4 : 0;
         if (units[i] != 0) {
             widest = std::max(widest, s.row_stride);
         }
