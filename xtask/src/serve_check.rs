@@ -435,6 +435,30 @@ pub struct Report {
     pub verdict: Vec<String>,
 }
 
+/// llama-server's arguments for `model` under `load`; `extra` last, so that they override ours.
+/// The prompt cache in host memory is off (`--cache-ram 0`): by default it keeps up to 8 GiB of
+/// finished prompts, which grows the server's resident memory round after round and would read as
+/// a leak (stock and overlay alike, measured on the H200).
+pub fn server_args(model: &Path, load: &Load, cpu: bool, extra: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "-m".into(),
+        model.display().to_string(),
+        "-np".into(),
+        load.slots.to_string(),
+        "-c".into(),
+        (load.slots * load.slot_ctx).to_string(),
+        "--cache-ram".into(),
+        "0".into(),
+    ];
+    if cpu {
+        args.push("-nr".into()); // the CPU repack path crashes on batched prompts on some machines
+    } else {
+        args.extend(["-ngl", "99", "-fa", "on"].map(String::from));
+    }
+    args.extend(extra.iter().cloned());
+    args
+}
+
 /// Runs the reference and every mode against `binary` serving `model` (the CPU build's one mode
 /// with `cpu`; `extra` more llama-server arguments); logs go to `logs`.
 pub fn check(
@@ -448,20 +472,7 @@ pub fn check(
     std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
     let planned = plan(load.requests, load.slot_ctx);
     let clients = load.clients.unwrap_or(2 * load.slots as usize);
-    let mut server_args: Vec<String> = vec![
-        "-m".into(),
-        model.display().to_string(),
-        "-np".into(),
-        load.slots.to_string(),
-        "-c".into(),
-        (load.slots * load.slot_ctx).to_string(),
-    ];
-    if cpu {
-        server_args.push("-nr".into()); // the CPU repack path crashes on batched prompts on some machines
-    } else {
-        server_args.extend(["-ngl", "99", "-fa", "on"].map(String::from));
-    }
-    server_args.extend(extra.iter().cloned());
+    let server_args = server_args(model, load, cpu, extra);
     let stock_env = vec![("GGML_CUDA_FLASHRT_DISABLE".to_owned(), "1".to_owned())];
     let modes = if cpu {
         vec![Mode {
@@ -646,6 +657,26 @@ pub fn markdown(r: &Report, device: &str, model: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_server_runs_without_its_prompt_cache_and_extra_arguments_come_last() {
+        let load = Load {
+            slots: 4,
+            slot_ctx: 512,
+            requests: 8,
+            rounds: 2,
+            clients: None,
+        };
+        let extra = vec!["--cache-ram".to_owned(), "256".to_owned()];
+        for cpu in [false, true] {
+            let args = server_args(Path::new("m.gguf"), &load, cpu, &extra);
+            let ours = args.iter().position(|a| a == "--cache-ram").unwrap();
+            assert_eq!(args[ours + 1], "0");
+            assert_eq!(args[args.len() - 2..], extra[..]);
+            assert_eq!(args[args.iter().position(|a| a == "-c").unwrap() + 1], "2048");
+            assert_eq!(args.contains(&"-nr".to_owned()), cpu);
+        }
+    }
 
     #[test]
     fn the_plan_mixes_kinds_lengths_and_outputs_the_same_way_every_time() {
