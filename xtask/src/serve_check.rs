@@ -673,7 +673,10 @@ mod tests {
             let ours = args.iter().position(|a| a == "--cache-ram").unwrap();
             assert_eq!(args[ours + 1], "0");
             assert_eq!(args[args.len() - 2..], extra[..]);
-            assert_eq!(args[args.iter().position(|a| a == "-c").unwrap() + 1], "2048");
+            assert_eq!(
+                args[args.iter().position(|a| a == "-c").unwrap() + 1],
+                "2048"
+            );
             assert_eq!(args.contains(&"-nr".to_owned()), cpu);
         }
     }
