@@ -31,11 +31,15 @@
 #   diagnose.sh serve     cargo xtask serve-check on the 40-layer `synth --stable` model (8 slots,
 #                         REQUESTS a round, default 256, ROUNDS rounds, default 4): stock alone as
 #                         the reference, then stock and the overlay under load
-# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact|default|serve. Needs .xtask/device/
+#   diagnose.sh multiseq  decode with several sequences, as llama-server runs it under load:
+#                         llama-batched-bench (prompts of 128, 64 tokens generated, 1/2/4/8
+#                         sequences) for stock, the default, the default without the GEMV windows
+#                         and every window off; the default's FRT_STATS (hits, host time a capture)
+# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|multiseq. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve}
+mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|multiseq}
 . bench/device/lib.sh
 device_setup "diagnose-$mode"
 start=$(date +%s)
@@ -59,6 +63,7 @@ fi
 targets=llama-bench,llama
 [ "$mode" = exact ] && targets=$targets,test-backend-ops
 [ "$mode" = serve ] && targets=$targets,llama-server
+[ "$mode" = multiseq ] && targets=$targets,llama-batched-bench
 "$xtask" build --arch 90a --targets "$targets" > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 wait $synth
 say "build + models: $(( $(date +%s) - start )) s"
@@ -91,6 +96,18 @@ parity() {
     row=$(grep '^| overlay vs stock' "$out/parity-$name.log" | awk -F'|' '{print $4 "|" $5 "|" $7}')
     ref=$(grep '^| fusion off vs stock' "$out/parity-$name.log" | awk -F'|' '{print $5}')
     say "| $name | $row | $ref | $v |"
+}
+# llama-batched-bench's decode tok/s at 1, 2, 4 and 8 sequences: name, then the environment.
+bb() {
+    local name=$1; shift
+    late "batched-bench $name" && return 0
+    env "$@" "$bin/llama-batched-bench" -m "$model" -c 4096 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,2,4,8 \
+        -ngl 99 -fa on --output-format jsonl > "$out/bb-$name.txt" 2>&1 || true
+    local row
+    row=$(python3 -c 'import json,sys
+r=[json.loads(l) for l in open(sys.argv[1]) if l.startswith("{\"n_kv_max\"")]
+print(" | ".join("%.1f" % x["speed_tg"] for x in r) if len(r) == 4 else "failed | | |")' "$out/bb-$name.txt")
+    say "| $name | $row |"
 }
 parity_header() {
     say "| parity | NMSE at position 0 | mean NMSE overlay vs stock | top-1 overlay | fusion off vs stock | verdict |"
@@ -234,8 +251,17 @@ serve)
         cp bench/results/*serve-check.* "$out/" 2>/dev/null || true
     fi
     ;;
+multiseq)
+    say "| setting | 1 seq | 2 seqs | 4 seqs | 8 seqs (decode tok/s, all sequences) |"
+    say "|---|---:|---:|---:|---:|"
+    bb stock GGML_CUDA_FLASHRT_DISABLE=1
+    bb default FRT_STATS=1
+    bb no-gemv-windows $(offs "${gemv_windows[@]}")
+    bb windows-off $(offs "${all_windows[@]}")
+    grep -hE "FlashRT stats" "$out/bb-default.txt" | tail -12 | tee -a "$out/summary.txt" || true
+    ;;
 *)
-    echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve"; exit 2 ;;
+    echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|multiseq"; exit 2 ;;
 esac
 # Few files come back from the device: everything in one archive, beside the summary.
 tar -czf /tmp/diagnose.tgz -C "$out" . && cp "$out/summary.txt" /tmp/diagnose-summary.txt \
