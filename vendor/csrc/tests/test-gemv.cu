@@ -8,7 +8,8 @@
 // against the exact sum (bound: plus d/2 of each 32-block times the |w| it multiplies). The
 // padding between output rows must stay NaN. The exact kernel (FRT_GEMV_KERNEL_EXACT) must also
 // give, without a norm, the very bits of ggml-cuda's mmvq (gemv_ref::mmvq_row emulates it operation
-// by operation; this plain build rounds its divisions correctly, so the host repeats them).
+// by operation; this plain build rounds its divisions correctly, so the host repeats them). With
+// a norm, its prologue must give the bits of ggml-cuda's rms_norm, written as a reference kernel.
 // Needs a GPU; a run prints its seed, which reruns it:
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu vendor/csrc/tests/test-gemv.cu -o test-gemv
 //   ./test-gemv [seed]
@@ -405,6 +406,122 @@ bool run_case(const test_case & tc, frt_gemv_kernel kernel, std::mt19937_64 & rn
     if (d_ids) {
         CHECK(cudaFree(d_ids));
     }
+    return ok;
+}
+
+// The exact kernel's RMS norm prologue against ggml-cuda's rms_norm_f32 with its multiply (one
+// row, a block of 1024 threads, 256 below 1024 columns), written here with the same expressions
+// and compiled with the same flags as the kernel under test.
+__global__ void rms_norm_reference(const float * x, const float * w, float * dst, int ncols, float eps) {
+    const int tid = threadIdx.x, lane = tid % 32, block_size = blockDim.x;
+    float     tmp = 0.0f;
+    for (int col = tid; col < ncols; col += block_size) {
+        const float xi = x[col];
+        tmp += xi * xi;
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        tmp += __shfl_xor_sync(0xffffffffu, tmp, offset);
+    }
+    __shared__ float s_sum[32];
+    if (lane == 0) {
+        s_sum[tid / 32] = tmp;
+    }
+    __syncthreads();
+    tmp = lane < block_size / 32 ? s_sum[lane] : 0.0f;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        tmp += __shfl_xor_sync(0xffffffffu, tmp, offset);
+    }
+    const float mean  = tmp / ncols;
+    const float scale = rsqrtf(mean + eps);
+    for (int col = tid; col < ncols; col += block_size) {
+        dst[col] = scale * x[col] * w[col];
+    }
+}
+
+// The norm in the exact kernel's prologue must give stock's bits: a launch with the norm (and
+// the normed vector written, x_normed) against rms_norm_reference followed by the same launch
+// without it. Both prologues: in registers (k a multiple of 512 from 1024 to 4096) and the
+// general one (other k).
+struct norm_case {
+    std::string   name;
+    frt_gemv_type type;
+    int           k, rows;
+};
+
+bool run_norm_case(const norm_case & nc, std::mt19937_64 & rng) {
+    const int                       k = nc.k;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float>              x(k), norm(k);
+    for (float & v : x) {
+        v = 3.0f * normal(rng);
+    }
+    for (float & v : norm) {
+        v = 0.5f + (float) (rng() % 1000) / 1000.0f;
+    }
+    const int64_t        row_bytes = gemv_ref::gguf_row_bytes(nc.type, k);
+    std::vector<uint8_t> w((size_t) nc.rows * row_bytes);
+    for (int r = 0; r < nc.rows; ++r) {
+        gemv_ref::random_row(nc.type, k, w.data() + r * row_bytes, rng);
+    }
+    float *   d_x       = upload(x);
+    float *   d_norm    = upload(norm);
+    uint8_t * d_w       = upload(w);
+    float *   d_normed  = upload(std::vector<float>(k, 0.0f));  // the reference's normed x
+    float *   d_kept    = (float *) upload(std::vector<uint32_t>(k, kPoison));  // the launch's x_normed
+    float *   d_out[2]  = { (float *) upload(std::vector<uint32_t>(nc.rows, kPoison)),
+                          (float *) upload(std::vector<uint32_t>(nc.rows, kPoison)) };
+    rms_norm_reference<<<1, k < 1024 ? 256 : 1024>>>(d_x, d_norm, d_normed, k, 1e-6f);
+    CHECK(cudaGetLastError());
+    bool ok = true;
+    for (int fused = 0; fused < 2; ++fused) {
+        frt_gemv_args a{};
+        a.x           = fused ? d_x : d_normed;
+        a.x_stride    = k;
+        a.k           = k;
+        a.tokens      = 1;
+        a.x_per_token = 1;
+        a.eps         = 1e-6f;
+        if (fused) {
+            a.norm            = d_norm;
+            a.x_normed        = d_kept;
+            a.x_normed_stride = k;
+        }
+        a.n_segments        = 1;
+        a.seg[0].type       = nc.type;
+        a.seg[0].w          = d_w;
+        a.seg[0].rows       = nc.rows;
+        a.seg[0].row_stride = row_bytes;
+        a.seg[0].out        = d_out[fused];
+        if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
+            std::printf("     %s: refused: %s\n", nc.name.c_str(), why);
+            ok = false;
+            continue;
+        }
+        CHECK(frt_gemv(a, 0, FRT_GEMV_KERNEL_EXACT));
+    }
+    CHECK(cudaDeviceSynchronize());
+    const std::vector<uint32_t> want_x = download((const uint32_t *) d_normed, k);
+    const std::vector<uint32_t> got_x  = download((const uint32_t *) d_kept, k);
+    const std::vector<uint32_t> want   = download((const uint32_t *) d_out[0], nc.rows);
+    const std::vector<uint32_t> got    = download((const uint32_t *) d_out[1], nc.rows);
+    int64_t                     bad    = 0;
+    for (int c = 0; c < k; ++c) {
+        if (got_x[c] != want_x[c] && bad++ < 5) {
+            std::printf("     %s: x_normed[%d] is 0x%08x, rms_norm's 0x%08x\n", nc.name.c_str(), c, got_x[c], want_x[c]);
+        }
+    }
+    for (int r = 0; r < nc.rows; ++r) {
+        if ((got[r] != want[r] || got[r] == kPoison) && bad++ < 10) {
+            std::printf("     %s: row %d is 0x%08x, after rms_norm 0x%08x\n", nc.name.c_str(), r, got[r], want[r]);
+        }
+    }
+    for (void * m : { (void *) d_x, (void *) d_norm, (void *) d_w, (void *) d_normed, (void *) d_kept, (void *) d_out[0],
+                      (void *) d_out[1] }) {
+        CHECK(cudaFree(m));
+    }
+    ok = ok && bad == 0;
+    std::printf("%-4s %-34s exact k=%5d outputs=%9d  norm bit for bit rms_norm's, then the matvec's\n",
+                ok ? "ok" : "FAIL", nc.name.c_str(), k, k + nc.rows);
     return ok;
 }
 
@@ -832,6 +949,18 @@ int main(int argc, char ** argv) {
     };
     for (const glu_case & gc : glu_cases) {
         failed += run_glu_case(gc, rng) ? 0 : 1;
+        ++total;
+    }
+    const norm_case norm_cases[] = {
+        { "norm q4_K k=2048 (in registers)", FRT_GEMV_Q4_K, 2048, 300 },
+        { "norm q8_0 k=1024 (in registers)", FRT_GEMV_Q8_0, 1024, 77 },
+        { "norm q6_K k=4096 (in registers)", FRT_GEMV_Q6_K, 4096, 50 },
+        { "norm f32 k=2048 (in registers)", FRT_GEMV_F32, 2048, 40 },
+        { "norm q4_K k=512 (general)", FRT_GEMV_Q4_K, 512, 90 },
+        { "norm q4_K k=1280 (general)", FRT_GEMV_Q4_K, 1280, 33 },
+    };
+    for (const norm_case & nc : norm_cases) {
+        failed += run_norm_case(nc, rng) ? 0 : 1;
         ++total;
     }
     failed += run_refusals() ? 0 : 1;
