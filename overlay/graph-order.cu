@@ -3,8 +3,10 @@
 // move right after it, so that ggml-alloc plans their outputs there and INPROJ, ATTNQKV and HEAD
 // can compute them in one launch; the shared expert's gate vector moves right after the router
 // (MATVEC: both F32, one launch) and its other matvecs right after the routed experts' gate/up,
-// which SHEXP_FOLD serves them with. Only for those windows when they run; stock's order
-// otherwise.
+// which SHEXP_FOLD serves them with. Only for those windows when they run, and only for values of
+// one token (the windows' packs take one token): at 2-8 tokens (a server decoding several
+// sequences) the moves would only split the gate/up/GLU and matvec/ADD runs that stock fuses.
+// Stock's order otherwise.
 
 #include "flashrt.cuh"
 #include "registry.cuh"
@@ -48,19 +50,20 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
         }
     };
     const auto named = [](const ggml_tensor * w, const char * part) { return std::strstr(w->name, part) != nullptr; };
+    const auto one_token = [](const ggml_tensor * v) { return v->ne[1] == 1 && v->ne[2] == 1 && v->ne[3] == 1; };
     for (int i = 0; i < n; ++i) {
         const ggml_tensor * t = cgraph->nodes[i];
         if (t->op == GGML_OP_MUL && i > 0 && cgraph->nodes[i - 1]->op == GGML_OP_RMS_NORM &&
-            (t->src[0] == cgraph->nodes[i - 1] || t->src[1] == cgraph->nodes[i - 1])) {
+            (t->src[0] == cgraph->nodes[i - 1] || t->src[1] == cgraph->nodes[i - 1]) && one_token(t)) {
             // RMS_NORM, then its weight MUL: the projections of the normed value.
             pull(i, t, [cc](const ggml_tensor * w) {
                 const char * window = flashrt_gemv_norm_pack_window(w);
                 return window != nullptr && flashrt_window_runs(window, cc);
             });
-        } else if (matvec && t->op == GGML_OP_MUL_MAT && named(t->src[0], "ffn_gate_inp.")) {
+        } else if (matvec && t->op == GGML_OP_MUL_MAT && named(t->src[0], "ffn_gate_inp.") && one_token(t->src[1])) {
             // The router, then the shared expert's gate vector (the same input, the same F32 type).
             pull(i, t->src[1], [&](const ggml_tensor * w) { return named(w, "ffn_gate_inp_shexp"); });
-        } else if (fold && t->op == GGML_OP_MUL_MAT_ID) {
+        } else if (fold && t->op == GGML_OP_MUL_MAT_ID && t->src[2]->ne[1] == 1) {  // ids: [n_used, tokens]
             // The routed experts' gate/up (of one token's vector V), then the shared expert's dense
             // matvecs of V (its gate vector goes with the router above when MATVEC runs).
             pull(i, underlying(t->src[1]), [&](const ggml_tensor * w) {
