@@ -5,7 +5,7 @@
 #            tests and gemv-bench run; then the FlashRT test-backend-ops cases REPEAT times in a row
 #            (default 10), every window forced on; FULL=1 then runs the whole upstream suite too
 #            (cargo xtask test-backend-ops --full). GEMV=0 skips the kernel tests and gemv-bench,
-#            GEMV_ARGS passes options to gemv-bench (e.g. "--tokens 1"), GEMV_LAB=0 skips its lab
+#            GEMV_ARGS passes options to gemv-bench (e.g. "--tokens 1")
 #   profile  the synthetic qwen36 GGUF; gemv-stock (stock ggml-cuda per matvec shape, joined with
 #            gemv-bench's table); cargo xtask profile, stock vs the overlay's default configuration
 #            (switches in the environment reach the overlay's runs)

@@ -57,7 +57,7 @@ case $mode in verify | exact | default) gemv_tests=1 ;; esac
 if [ $gemv_tests = 1 ]; then
     prebuilt=
     [ -x .xtask/device/gemv/test-gemv ] && prebuilt=.xtask/device/gemv
-    GEMV_PREBUILT=$prebuilt GEMV_LAB=0 OUT=$out/gemv bash bench/device/gemv.sh --tokens 1 > "$out/gemv.log" 2>&1 &
+    GEMV_PREBUILT=$prebuilt OUT=$out/gemv bash bench/device/gemv.sh --tokens 1 > "$out/gemv.log" 2>&1 &
     tests=$!
 fi
 targets=llama-bench,llama

@@ -1,9 +1,9 @@
 // Decode GEMV microbenchmark, our side (issue 10): frt_gemv (vendor/csrc/gemv.cu) at every weight
 // matvec shape of a qwen36-35b-a3b decode step (the names of bench/tools/gemv-stock.cpp, which
 // times stock ggml; bench/tools/gemv-table.py joins the two) plus the packs our windows launch as
-// one kernel, at 1..8 tokens. With --lab: the decode GEMV v2 experiments instead (gemv-lab.cuh;
-// docs/perf-notes.md, "decode GEMV v2: hypotheses"): probes of the launch and streaming floors, and
-// the candidate's variants side by side with v1 at the dense single-matrix shapes.
+// one kernel, at 1..8 tokens. (The decode GEMV v2 lab and its streaming probes, --lab, were
+// removed once the exact kernel replaced those candidates; their results are in docs/perf-notes.md
+// and bench/results.)
 //
 // Each (shape, tokens) is a CUDA graph of L launches, launch i reading weight copy i % C (C copies
 // of >= --stream-mib MiB in all, default 120: twice the H200's L2, so each launch reads DRAM; the
@@ -15,17 +15,14 @@
 // not counted), floor = bytes / 4.38 TB/s, budget = bytes / (0.7 x 4.38 TB/s) + 1.5 us, achieved
 // TB/s, pass = within the budget. Before timing, one launch is checked against the float64
 // reference of vendor/csrc/tests/test-gemv-reference.cuh on up to 512 rows a segment (fatal: the
-// benchmark would time something else than the product; lab variants that skip x or the math
-// are timing probes and are not checked).
+// benchmark would time something else than the product).
 //
 // Writes one JSON line per (shape, tokens) to OUT (keys shape, out, in, type, tokens, bytes,
 // us_median as gemv-stock's, plus impl "frt", experts, us_min, us_max, floor_us, budget_us, tbps,
-// pass, launches, copies) and prints a markdown table last. --lab: impl "frt" (v1), "lab:NAME" or
-// "probe:NAME" (shape: the bytes read), and its tables.
+// pass, launches, copies) and prints a markdown table last.
 //
 // Usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] [--stream-mib 120]
 //                  [--graph-ms 2] [--impls frt,frt-bulk,frt-exact] [--between] [--list]
-//                  [--lab [--variants a,b]]
 //   --impls: which kernels to time (default all three; frt: what frt_gemv picks)
 //   --graph-ms: the least work a graph holds (launches = max(copies, 32 for experts, this / floor))
 //   --between: a small kernel between the launches, as in decode, where a GEMV follows a norm, an
@@ -35,12 +32,10 @@
 //     kernel only if its blocks can be resident beside it; back to back with itself it cannot
 //     tell. us_median is then the pair's time less the small kernel's alone (between_us in the
 //     JSON), the GEMV's cost in a decode-like sequence.
-//   --lab: tokens default to 1,2,4,8 (variants other than v1 and C: 1 token); --variants picks some
 // Build (device; bench/device/gemv.sh does this and runs it):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu vendor/csrc/*.cu -o gemv-bench
 
 #include "cuda-check.cuh"
-#include "gemv-lab.cuh"
 #include "gemv.cuh"
 #include "pdl.cuh"
 #include "tests/test-gemv-reference.cuh"
@@ -156,7 +151,7 @@ struct result {
     double             between_us = 0.0;  // --between: the small kernel's time alone, taken off the above
 };
 
-// What is timed: frt_gemv, or a lab variant, launching `args` on a stream.
+// What is timed: frt_gemv launching `args` on a stream.
 using launcher = std::function<cudaError_t(const frt_gemv_args &, cudaStream_t)>;
 
 // Checks `launch` of `args` (weights of copy 0, expert selection 0) against the float64 reference
@@ -447,345 +442,18 @@ int out_rows(const shape_spec & s) {
     return rows;
 }
 
-// ---- --lab: the v2 experiments (gemv-lab.cuh) ----
-
-// A markdown cell: the time of `impl` in `row`, or empty when it was not timed.
-void print_cell(const std::map<std::string, double> & row, const std::string & impl) {
-    const auto it = row.find(impl);
-    if (it == row.end()) {
-        std::printf(" |");
-    } else {
-        std::printf(" %.2f |", it->second);
-    }
-}
-
-// Types a lab variant is built for (bit per frt_gemv_type): all four the lab shapes use, or the
-// two whose shapes answer the structural questions (Q4_K: the big matrices; F32: the router and
-// the 1-row gate, where the fixed cost is everything).
-constexpr unsigned kLabAll = 1u << FRT_GEMV_F32 | 1u << FRT_GEMV_Q4_K | 1u << FRT_GEMV_Q6_K_R | 1u << FRT_GEMV_Q8_0_R;
-constexpr unsigned kLabQ4F = 1u << FRT_GEMV_F32 | 1u << FRT_GEMV_Q4_K;
-
-// The candidate C and its one-knob neighbours (gemv-lab.cuh explains the knobs).
-//                   warps bps  U  pre            x              math db grid               lpr            trig
-using LabC      = lab::cfg<8, 1, 8, lab::PRE_REGS, lab::X_BLOCK, 1, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabPreL2  = lab::cfg<8, 1, 8, lab::PRE_L2, lab::X_BLOCK, 1, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabPreNo  = lab::cfg<8, 1, 8, lab::PRE_NONE, lab::X_BLOCK, 1, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabXSer   = lab::cfg<8, 1, 8, lab::PRE_REGS, lab::X_SERIAL, 1, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabXGlob  = lab::cfg<8, 1, 8, lab::PRE_REGS, lab::X_GLOBAL, 1, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabXNone  = lab::cfg<8, 1, 8, lab::PRE_REGS, lab::X_NONE, 1, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabNoMath = lab::cfg<8, 1, 8, lab::PRE_REGS, lab::X_BLOCK, 0, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabLoads  = lab::cfg<8, 1, 8, lab::PRE_REGS, lab::X_NONE, 0, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabBps2   = lab::cfg<8, 2, 8, lab::PRE_REGS, lab::X_BLOCK, 1, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabW4     = lab::cfg<4, 1, 8, lab::PRE_REGS, lab::X_BLOCK, 1, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabU4     = lab::cfg<8, 1, 4, lab::PRE_REGS, lab::X_BLOCK, 1, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabNoDb   = lab::cfg<8, 1, 8, lab::PRE_REGS, lab::X_BLOCK, 1, 0, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabGrid1  = lab::cfg<8, 1, 8, lab::PRE_REGS, lab::X_BLOCK, 1, 1, lab::GRID_ONE, lab::LPR_AUTO, lab::TRIG_LATE>;
-using LabLpr32  = lab::cfg<8, 1, 8, lab::PRE_REGS, lab::X_BLOCK, 1, 1, lab::GRID_RESIDENT, lab::LPR_32, lab::TRIG_LATE>;
-using LabEarly  = lab::cfg<8, 1, 8, lab::PRE_REGS, lab::X_BLOCK, 1, 1, lab::GRID_RESIDENT, lab::LPR_AUTO, lab::TRIG_EARLY>;
-
-struct lab_variant {
-    const char * name;
-    const char * what;
-    cudaError_t (*run)(const lab::args &, cudaStream_t);
-    bool (*facts)(int type, size_t smem, lab::kernel_facts & f);
-    bool checked;  // computes the product (else a timing probe)
-    bool tokens;   // also timed at more than 1 token
-};
-
-const std::vector<lab_variant> & lab_variants() {
-    static const std::vector<lab_variant> all = {
-        { "C", "candidate: 8 warps, 1 block/SM, 8 items a lane a round, next round in flight, first round loaded before the wait, x per block in one round",
-          lab::run<LabC, kLabAll, 8>, lab::facts<LabC, kLabAll>, true, true },
-        { "pre-l2", "C, L2 prefetch of the first row group before the wait (v1) instead of registers",
-          lab::run<LabPreL2, kLabAll, 1>, lab::facts<LabPreL2, kLabAll>, true, false },
-        { "pre-none", "C, nothing before the wait", lab::run<LabPreNo, kLabQ4F, 1>, lab::facts<LabPreNo, kLabQ4F>, true, false },
-        { "x-serial", "C, x loaded one float4 a thread at a time (v1's prologue as first measured)",
-          lab::run<LabXSer, kLabQ4F, 1>, lab::facts<LabXSer, kLabQ4F>, true, false },
-        { "x-global", "C, x quantized by a separate 1-wave kernel (2 launches), read from global/L1; F32: x read in place",
-          lab::run<LabXGlob, kLabQ4F, 1>, lab::facts<LabXGlob, kLabQ4F>, true, false },
-        { "x-none", "C without reading x (timing only)", lab::run<LabXNone, kLabQ4F, 1>, lab::facts<LabXNone, kLabQ4F>, false,
-          false },
-        { "no-math", "C with an XOR of the weights for the products (timing only)", lab::run<LabNoMath, kLabQ4F, 1>,
-          lab::facts<LabNoMath, kLabQ4F>, false, false },
-        { "loads-only", "C without x and without the products (timing only)", lab::run<LabLoads, kLabQ4F, 1>,
-          lab::facts<LabLoads, kLabQ4F>, false, false },
-        { "bps2", "C with 2 blocks an SM (all registers: the next launch cannot start early)",
-          lab::run<LabBps2, kLabAll, 1>, lab::facts<LabBps2, kLabAll>, true, false },
-        { "w4", "C with 4 warps a block (a quarter of the registers)", lab::run<LabW4, kLabQ4F, 1>,
-          lab::facts<LabW4, kLabQ4F>, true, false },
-        { "u4", "C with 4 items a lane a round", lab::run<LabU4, kLabQ4F, 1>, lab::facts<LabU4, kLabQ4F>, true, false },
-        { "no-db", "C without the next round in flight", lab::run<LabNoDb, kLabAll, 1>, lab::facts<LabNoDb, kLabAll>, true,
-          false },
-        { "grid-one", "C with one row group a team (more blocks than fit at once)", lab::run<LabGrid1, kLabQ4F, 1>,
-          lab::facts<LabGrid1, kLabQ4F>, true, false },
-        { "lpr32", "C with 32 lanes a row (a row a warp at a time)", lab::run<LabLpr32, kLabQ4F, 1>,
-          lab::facts<LabLpr32, kLabQ4F>, true, false },
-        { "trig-early", "C, next launch triggered at the start instead of after x", lab::run<LabEarly, kLabQ4F, 1>,
-          lab::facts<LabEarly, kLabQ4F>, true, false },
-    };
-    return all;
-}
-
-// The dense single-matrix shapes the lab kernel takes.
-const std::vector<std::string> kLabShapes = { "attn_qkv", "attn_gate", "ssm_out", "attn_k", "attn_v", "ssm_alpha",
-                                              "ffn_gate_inp", "ffn_gate_inp_shexp", "ffn_down_shexp", "output" };
-
-// Probes: what a launch and a pure read of the same bytes cost, in graphs like the shapes'.
-struct probe {
-    const char * name;
-    const char * what;
-    cudaError_t (*launch)(const uint4 * w, int64_t n16, uint32_t * sink, cudaStream_t stream);
-    bool reads;  // false: the time does not depend on the bytes (measured once)
-};
-
-template <int U, int PRE, int DB, int PAIR, int BPS>
-cudaError_t stream_probe(const uint4 * w, int64_t n16, uint32_t * sink, cudaStream_t stream) {
-    return lab::launch(lab::stream_kernel<U, PRE, DB, PAIR, BPS>, dim3(lab::sm_count() * BPS), dim3(256), 0, stream,
-                       true, w, n16, sink);
-}
-
-template <int BLOCKS_PER_SM, int THREADS, bool PDL>
-cudaError_t empty_probe(const uint4 *, int64_t, uint32_t * sink, cudaStream_t stream) {
-    const int blocks = BLOCKS_PER_SM > 0 ? lab::sm_count() * BLOCKS_PER_SM : 1;
-    return lab::launch(lab::empty_kernel, dim3(blocks), dim3(THREADS), 0, stream, PDL, sink);
-}
-
-const std::vector<probe> & probes() {
-    static const std::vector<probe> all = {
-        { "empty", "wait + trigger, SMs x 256 threads, PDL", empty_probe<1, 256, true>, false },
-        { "empty-1", "wait + trigger, 1 x 32 threads, PDL", empty_probe<0, 32, true>, false },
-        { "empty-nopdl", "SMs x 256 threads, plain launch", empty_probe<1, 256, false>, false },
-        { "s8", "stream read, 8 x 16 B a thread a chunk, loads after the wait", stream_probe<8, 0, 0, 0, 1>, true },
-        { "s8-pre-db", "s8, first chunk before the wait, next chunk in flight", stream_probe<8, 1, 1, 0, 1>, true },
-        { "s8-db", "s8, next chunk in flight", stream_probe<8, 0, 1, 0, 1>, true },
-        { "s16-pre", "16 x 16 B a thread a chunk (one chunk up to 8.6 MB), first chunk before the wait",
-          stream_probe<16, 1, 0, 0, 1>, true },
-        { "s32-pre", "32 x 16 B a thread a chunk (one chunk up to 17 MB; 146 registers: no co-residence), first "
-                     "chunk before the wait",
-          stream_probe<32, 1, 0, 0, 1>, true },
-        { "s8-pair", "s8-pre-db with 32 B a thread (two adjacent 16 B loads)", stream_probe<8, 1, 1, 1, 1>, true },
-        { "s8-bps2", "s8-pre-db with 2 blocks an SM", stream_probe<8, 1, 1, 0, 2>, true },
-    };
-    return all;
-}
-
-const std::vector<int64_t> kProbeBytes = { 8192, 589824, 1000000, 2097152, 5000000, 10000000, 50000000 };
-
-void json_line(std::FILE * out, const std::string & impl, const std::string & shape, int tokens, int64_t bytes,
-               const timing & tm, int launches) {
-    const double floor_us = bytes / (kReadTbps * 1e6), budget_us = bytes / (0.7 * kReadTbps * 1e6) + 1.5;
-    std::fprintf(out,
-                 "{\"impl\":\"%s\",\"shape\":\"%s\",\"tokens\":%d,\"bytes\":%" PRId64 ",\"us_median\":%.3f,"
-                 "\"us_min\":%.3f,\"us_max\":%.3f,\"floor_us\":%.3f,\"budget_us\":%.3f,\"tbps\":%.3f,\"launches\":%d}\n",
-                 impl.c_str(), shape.c_str(), tokens, bytes, tm.median, tm.least, tm.most, floor_us, budget_us,
-                 bytes / tm.median / 1e6, launches);
-    std::fflush(out);
-}
-
-void run_probes(std::FILE * out, int replays, double graph_ms, double stream_mib, cudaStream_t stream) {
-    uint32_t * sink = nullptr;
-    CHECK(cudaMalloc(&sink, 4096));
-    std::map<std::string, std::map<int64_t, double>> us;
-    for (const int64_t bytes : kProbeBytes) {
-        const int64_t one    = (bytes + 255) / 256 * 256;
-        const int     copies = (int) std::max<int64_t>(2, (int64_t) (stream_mib * 1048576.0) / one + 1);
-        uint8_t *     pool   = nullptr;
-        CHECK(cudaMalloc(&pool, one * copies));
-        CHECK(cudaMemset(pool, 0x5a, one * copies));
-        const double est_us   = std::max(2.0, bytes / (kReadTbps * 1e6));
-        const int    launches = std::max(copies, (int) (1000.0 * graph_ms / est_us));
-        for (const probe & pr : probes()) {
-            if (!pr.reads && bytes != kProbeBytes.front()) {
-                continue;
-            }
-            CHECK(pr.launch((const uint4 *) pool, bytes / 16, sink, 0));  // outside the capture first
-            CHECK(cudaDeviceSynchronize());
-            const timing tm = time_graph(launches, replays, stream, [&](int i, cudaStream_t st) {
-                CHECK(pr.launch((const uint4 *) (pool + (int64_t) (i % copies) * one), bytes / 16, sink, st));
-            });
-            us[pr.name][bytes] = tm.median;
-            json_line(out, std::string("probe:") + pr.name, pr.reads ? std::to_string(bytes) : "0", 1,
-                      pr.reads ? bytes : 0, tm, launches);
-            std::fprintf(stderr, "gemv-bench: probe %s, %" PRId64 " bytes: %.2f us\n", pr.name, bytes, tm.median);
-        }
-        CHECK(cudaFree(pool));
-    }
-    CHECK(cudaFree(sink));
-    std::printf("### Probes: us a launch in a graph of launches (PDL unless said), by bytes read\n\n| probe | what |");
-    for (const int64_t b : kProbeBytes) {
-        std::printf(" %.3g MB |", b / 1e6);
-    }
-    std::printf("\n|---|---|");
-    for (size_t i = 0; i < kProbeBytes.size(); ++i) {
-        std::printf("---:|");
-    }
-    std::printf("\n");
-    for (const probe & pr : probes()) {
-        std::printf("| %s | %s |", pr.name, pr.what);
-        for (const int64_t b : kProbeBytes) {
-            const auto it = us[pr.name].find(b);
-            if (it == us[pr.name].end()) {
-                std::printf(" |");
-            } else {
-                std::printf(" %.2f |", it->second);
-            }
-        }
-        std::printf("\n");
-    }
-    std::printf("| floor | bytes / %.2f TB/s |", kReadTbps);
-    for (const int64_t b : kProbeBytes) {
-        std::printf(" %.2f |", b / (kReadTbps * 1e6));
-    }
-    std::printf("\n\n");
-}
-
-// Times v1 and every selected variant at the lab shapes; prints the tables.
-void run_lab(std::FILE * out, const std::vector<std::string> & only, const std::vector<std::string> & picked,
-             const std::vector<int> & tokens, int replays, double graph_ms, double stream_mib, std::mt19937_64 & rng,
-             cudaStream_t stream) {
-    std::vector<const lab_variant *> variants;
-    for (const lab_variant & v : lab_variants()) {
-        if (picked.empty() || std::find(picked.begin(), picked.end(), v.name) != picked.end()) {
-            variants.push_back(&v);
-        }
-    }
-    uint8_t * scratch = nullptr;
-    CHECK(cudaMalloc(&scratch, lab::scratch_bytes(4096, FRT_GEMV_MAX_TOKENS)));
-    // us[shape][tokens][impl]
-    std::map<std::string, std::map<int, std::map<std::string, double>>> us;
-    std::map<std::string, int64_t> shape_bytes;
-    std::vector<std::string>       shape_order;
-    for (const shape_spec & s : shapes()) {
-        if (std::find(kLabShapes.begin(), kLabShapes.end(), s.name) == kLabShapes.end() ||
-            (!only.empty() && std::find(only.begin(), only.end(), s.name) == only.end())) {
-            continue;
-        }
-        shape_order.push_back(s.name);
-        shape_weights weights = make_weights(s, stream_mib, rng, stream);
-        const frt_gemv_type type = weights.segs[0].type;
-        for (const int t : tokens) {
-            struct impl {
-                std::string name;
-                launcher    launch;
-                bool        checked;
-            };
-            std::vector<impl> impls = { { "v1",
-                                          [](const frt_gemv_args & a, cudaStream_t st) {
-                                              return frt_gemv(a, st, FRT_GEMV_KERNEL_REGISTERS);
-                                          },
-                                          true } };
-            for (const lab_variant * v : variants) {
-                lab::kernel_facts f;
-                if ((t > 1 && !v->tokens) || !v->facts(type, 0, f)) {
-                    continue;  // not built for this type (or token count)
-                }
-                impls.push_back({ v->name,
-                                  [v, scratch](const frt_gemv_args & a, cudaStream_t st) {
-                                      const frt_gemv_segment & g = a.seg[0];
-                                      const lab::args la{ a.x,    a.x_stride, a.k,   a.tokens,     g.type,  g.w,
-                                                          g.row_stride, g.rows, g.out, g.out_stride, scratch };
-                                      return v->run(la, st);
-                                  },
-                                  v->checked });
-            }
-            for (const impl & im : impls) {
-                const std::string json_impl = im.name == "v1" ? "frt" : "lab:" + im.name;
-                const result      r = run_shape(s, weights, t, replays, graph_ms, rng, stream, im.launch, im.checked,
-                                                json_impl);
-                json_line(out, json_impl, s.name, t, r.bytes, { r.us_median, r.us_min, r.us_max }, r.launches);
-                us[s.name][t][im.name] = r.us_median;
-                shape_bytes[s.name]    = r.bytes;
-                std::fprintf(stderr, "gemv-bench: lab %s, %s, %d tokens: %.2f us\n", im.name.c_str(), s.name, t,
-                             r.us_median);
-            }
-        }
-        CHECK(cudaFree(weights.pool));
-    }
-    CHECK(cudaFree(scratch));
-
-    std::printf("### Variants at 1 token: us a launch (budget = bytes / (0.7 x %.2f TB/s) + 1.5 us)\n\n", kReadTbps);
-    std::printf("| shape | MB | floor | budget | v1 |");
-    for (const lab_variant * v : variants) {
-        std::printf(" %s |", v->name);
-    }
-    std::printf("\n|---|---:|---:|---:|---:|");
-    for (size_t i = 0; i < variants.size(); ++i) {
-        std::printf("---:|");
-    }
-    std::printf("\n");
-    for (const std::string & name : shape_order) {
-        const int64_t b = shape_bytes[name];
-        std::printf("| %s | %.2f | %.2f | %.2f |", name.c_str(), b / 1e6, b / (kReadTbps * 1e6),
-                    b / (0.7 * kReadTbps * 1e6) + 1.5);
-        const auto & row = us[name][1];
-        for (const std::string & impl : [&] {
-                 std::vector<std::string> names = { "v1" };
-                 for (const lab_variant * v : variants) {
-                     names.push_back(v->name);
-                 }
-                 return names;
-             }()) {
-            print_cell(row, impl);
-        }
-        std::printf("\n");
-    }
-    std::printf("\n");
-    for (const lab_variant * v : variants) {
-        std::printf("- %s: %s\n", v->name, v->what);
-    }
-    std::printf("\n### By tokens: v1 and the variants timed at every token count, us\n\n| shape | tokens | v1 |");
-    std::vector<const lab_variant *> multi;
-    for (const lab_variant * v : variants) {
-        if (v->tokens) {
-            multi.push_back(v);
-            std::printf(" %s |", v->name);
-        }
-    }
-    std::printf("\n|---|---:|---:|");
-    for (size_t i = 0; i < multi.size(); ++i) {
-        std::printf("---:|");
-    }
-    std::printf("\n");
-    for (const std::string & name : shape_order) {
-        for (const int t : tokens) {
-            const auto & row = us[name][t];
-            std::printf("| %s | %d | %.2f |", name.c_str(), t, row.count("v1") ? row.at("v1") : 0.0);
-            for (const lab_variant * v : multi) {
-                print_cell(row, v->name);
-            }
-            std::printf("\n");
-        }
-    }
-
-    // Registers, spills and resident blocks an SM of the lab kernels (1 token; v1's: ptxas.txt).
-    std::printf("\n### Lab kernels (1 token; blocks an SM with the shared memory of k = 2048)\n\n");
-    std::printf("| variant | type | registers | local bytes | blocks/SM |\n|---|---|---:|---:|---:|\n");
-    const frt_gemv_type lab_types[] = { FRT_GEMV_Q4_K, FRT_GEMV_F32, FRT_GEMV_Q6_K_R, FRT_GEMV_Q8_0_R };
-    for (const frt_gemv_type type : lab_types) {
-        const size_t smem = type == FRT_GEMV_F32 ? 8192 + 1024 : 2048 + 512 + 1024;
-        for (const lab_variant * v : variants) {
-            lab::kernel_facts f;
-            if (v->facts(type, smem, f)) {
-                std::printf("| %s | %s | %d | %d | %d |\n", v->name, gemv_ref::type_name(type), f.regs, f.local_bytes,
-                            f.blocks_per_sm);
-            }
-        }
-    }
-    std::printf("\n");
-}
-
 }  // namespace
 
 int main(int argc, char ** argv) {
     if (argc < 2 || argv[1][0] == '-') {
         std::fprintf(stderr, "usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] "
-                             "[--stream-mib 120] [--graph-ms 2] [--impls a,b] [--between] [--list] [--lab [--variants a,b]]\n");
+                             "[--stream-mib 120] [--graph-ms 2] [--impls a,b] [--between] [--list]\n");
         return 2;
     }
     const std::string        out_path = argv[1];
-    std::vector<std::string> only, picked, impls{ "frt", "frt-bulk", "frt-exact" };
+    std::vector<std::string> only, impls{ "frt", "frt-bulk", "frt-exact" };
     std::vector<int>         tokens;
-    bool                     lab_mode = false, between = false;
+    bool                     between = false;
     int                      replays    = 30;
     double                   stream_mib = 120.0, graph_ms = 2.0;
     for (int i = 2; i < argc; ++i) {
@@ -818,17 +486,9 @@ int main(int argc, char ** argv) {
             }
         } else if (arg == "--between") {
             between = true;
-        } else if (arg == "--lab") {
-            lab_mode = true;
-        } else if (arg == "--variants") {
-            picked = split_list(value());
         } else if (arg == "--list") {
             for (const shape_spec & s : shapes()) {
                 std::printf("%-22s %-10s %5d -> %6d  %s\n", s.name, type_label(s).c_str(), s.k, out_rows(s), s.what);
-            }
-            std::printf("\n--lab variants:\n");
-            for (const lab_variant & v : lab_variants()) {
-                std::printf("%-12s %s\n", v.name, v.what);
             }
             return 0;
         } else {
@@ -840,14 +500,8 @@ int main(int argc, char ** argv) {
             fail("--shapes: no shape " + name + " (--list shows them)");
         }
     }
-    for (const std::string & name : picked) {
-        if (std::none_of(lab_variants().begin(), lab_variants().end(),
-                         [&](const lab_variant & v) { return name == v.name; })) {
-            fail("--variants: no variant " + name + " (--list shows them)");
-        }
-    }
     if (tokens.empty()) {
-        tokens = lab_mode ? std::vector<int>{ 1, 2, 4, 8 } : std::vector<int>{ 1, 2, 3, 4, 5, 6, 7, 8 };
+        tokens = { 1, 2, 3, 4, 5, 6, 7, 8 };
     }
     for (int t : tokens) {
         if (t < 1 || t > FRT_GEMV_MAX_TOKENS) {
@@ -863,18 +517,6 @@ int main(int argc, char ** argv) {
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     std::mt19937_64 rng(1);
-
-    if (lab_mode && between) {
-        fail("--between times the frt_gemv kernels, not --lab's variants");
-    }
-    if (lab_mode) {
-        std::printf("%s, %d SMs: decode GEMV v2 experiments from CUDA graphs, median of %d replays\n\n", prop.name,
-                    prop.multiProcessorCount, replays);
-        run_probes(out, replays, graph_ms, stream_mib, stream);
-        run_lab(out, only, picked, tokens, replays, graph_ms, stream_mib, rng, stream);
-        std::fclose(out);
-        return 0;
-    }
 
     std::vector<result> results;
     for (const shape_spec & s : shapes()) {
