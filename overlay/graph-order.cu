@@ -5,7 +5,7 @@
 // (MATVEC: both F32, one launch) and its other matvecs right after the routed experts' gate/up,
 // which SHEXP_FOLD serves them with. Only for those windows when they run, and only for values of
 // one token (the windows' packs take one token): at 2-8 tokens (a server decoding several
-// sequences) the moves would only split the gate/up/GLU and matvec/ADD runs that stock fuses.
+// sequences) the moves would only split the gate/up/GLU runs that stock fuses into one kernel.
 // Stock's order otherwise.
 
 #include "flashrt.cuh"
