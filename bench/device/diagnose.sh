@@ -30,7 +30,8 @@
 #                         default), then 40-layer parity
 #   diagnose.sh serve     cargo xtask serve-check on the 40-layer `synth --stable` model (8 slots,
 #                         REQUESTS a round, default 256, ROUNDS rounds, default 4): stock alone as
-#                         the reference, then stock and the overlay under load
+#                         the reference, then stock and the overlay under load;
+#                         PARTS=reference,stock and then PARTS=overlay split it over two calls
 #   diagnose.sh multiseq  decode with several sequences, as llama-server runs it under load:
 #                         llama-batched-bench (prompts of 128, 64 tokens generated, 1/2/4/8
 #                         sequences) for stock, the default, the default without the GEMV windows
@@ -245,8 +246,13 @@ default)
     ;;
 serve)
     if ! late serve-check; then
+        # PARTS=reference,stock then PARTS=overlay: the check in two calls (a call stops at 10
+        # minutes), its progress kept in .xtask/serve-progress (ignored; carry it to a cold machine).
         "$xtask" serve-check --arch 90a --requests "${REQUESTS:-256}" --rounds "${ROUNDS:-4}" \
+            ${PARTS:+--resume .xtask/serve-progress --parts "$PARTS"} \
             > "$out/serve-check.log" 2>&1 || say "serve-check FAILED"
+        grep -h "^serve-check: " "$out/serve-check.log" | tee -a "$out/summary.txt" || true
+        cp .xtask/serve-progress/*.json "$out/" 2>/dev/null || true
         grep -v '^\[' "$out/serve-check.log" | sed -n '/^| mode/,/^Verdict/p' | tee -a "$out/summary.txt"
         cp bench/results/*serve-check.* "$out/" 2>/dev/null || true
     fi

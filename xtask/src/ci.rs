@@ -473,7 +473,8 @@ fn serve_small(server: &Path, model: &Path, logs: &Path) -> Result<()> {
         rounds: 2,
         clients: None,
     };
-    let report = serve_check::check(server, model, &load, true, &[], logs)?;
+    let report = serve_check::check(server, model, &load, true, &[], logs, None, &[])?
+        .context("serve-check ran every part, yet returned no report")?;
     println!("{}", serve_check::markdown(&report, "cpu", model));
     if !report.verdict.is_empty() {
         bail!("llama-server under load: {}", report.verdict.join("; "));

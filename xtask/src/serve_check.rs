@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use xshell::Shell;
 
 use crate::bench::{commit, today};
@@ -51,6 +51,21 @@ pub struct ServeCheckArgs {
     /// overlay are the same code there, so one mode is run).
     #[arg(long)]
     pub cpu: bool,
+    /// Keep each finished part (the reference answers, each mode's rounds) in DIR, and skip the
+    /// parts already there when run again with the same load, model and server arguments: a check
+    /// longer than a machine lets one command run is done in several runs. The report is written
+    /// by the run that finishes the last part.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// The parts this run may do, of `reference`, `stock` and `overlay` (`cpu` with --cpu);
+    /// default all. The modes need the reference: it comes first, or from --resume DIR.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "PART,...",
+        requires = "resume"
+    )]
+    pub parts: Vec<String>,
     /// More llama-server arguments, after `--` (e.g. `-- --cont-batching`).
     #[arg(last = true, value_name = "SERVER ARGS")]
     pub server_args: Vec<String>,
@@ -228,7 +243,7 @@ fn round(server: &Server, planned: &[Planned], clients: usize) -> (Vec<Done>, f6
 }
 
 /// The tally of one mode over its rounds.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Tally {
     pub sent: usize,
     pub answered: usize,
@@ -393,14 +408,19 @@ pub fn run(sh: &Shell, project: &Project, args: ServeCheckArgs) -> Result<()> {
         Some(model) => model.clone(),
         None => synth::ensure_stable_model(sh, project, args.preset, args.seed)?,
     };
-    let report = check(
+    let Some(report) = check(
         &binary,
         &model,
         load,
         args.cpu,
         &args.server_args,
         &project.work().join("serve-check"),
-    )?;
+        args.resume.as_deref(),
+        &args.parts,
+    )?
+    else {
+        return Ok(()); // parts left for a later run with the same --resume DIR (check said which)
+    };
     let md = markdown(&report, &device, &model);
     println!("{md}");
     let dir = project.root.join("bench").join("results");
@@ -435,6 +455,68 @@ pub struct Report {
     pub verdict: Vec<String>,
 }
 
+/// What a check has finished, kept in the --resume directory between runs.
+#[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Progress {
+    /// The load, model and server arguments the parts ran with.
+    pub key: String,
+    /// The one-at-a-time answers (None for requests that are not compared).
+    pub reference: Option<Vec<Option<String>>>,
+    /// The finished modes: name, tally, and why it fails (empty: it passes).
+    pub modes: Vec<(String, Tally, Vec<String>)>,
+}
+
+const PROGRESS_FILE: &str = "serve-check-progress.json";
+
+/// What the parts of a check must share to be put together: the load, the model and the server's
+/// arguments.
+pub fn progress_key(load: &Load, clients: usize, model: &Path, server_args: &[String]) -> String {
+    format!(
+        "{} slots x {} tokens, {} requests x {} rounds, {clients} clients, {}, server args {:?}",
+        load.slots,
+        load.slot_ctx,
+        load.requests,
+        load.rounds,
+        model.display(),
+        server_args
+    )
+}
+
+/// The progress in `dir` for `key`: empty when there is none yet; an error when `dir` holds
+/// another check's parts.
+pub fn load_progress(dir: &Path, key: &str) -> Result<Progress> {
+    let path = dir.join(PROGRESS_FILE);
+    if !path.exists() {
+        return Ok(Progress {
+            key: key.to_owned(),
+            ..Progress::default()
+        });
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let progress: Progress =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    if progress.key != key {
+        bail!(
+            "{} holds the parts of another check ({}); pass another --resume DIR, or delete it to start over",
+            path.display(),
+            progress.key
+        );
+    }
+    Ok(progress)
+}
+
+/// Writes the progress to `dir`, through a temporary file: a run stopped mid-write leaves the
+/// previous progress intact.
+pub fn save_progress(dir: &Path, progress: &Progress) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(PROGRESS_FILE);
+    let partial = dir.join(format!("{PROGRESS_FILE}.partial"));
+    let text = serde_json::to_string_pretty(progress).context("serializing the progress")?;
+    std::fs::write(&partial, text).with_context(|| format!("writing {}", partial.display()))?;
+    std::fs::rename(&partial, &path).with_context(|| format!("writing {}", path.display()))
+}
+
 /// llama-server's arguments for `model` under `load`; `extra` last, so that they override ours.
 /// The prompt cache in host memory is off (`--cache-ram 0`): by default it keeps up to 8 GiB of
 /// finished prompts, which grows the server's resident memory round after round and would read as
@@ -460,7 +542,10 @@ pub fn server_args(model: &Path, load: &Load, cpu: bool, extra: &[String]) -> Ve
 }
 
 /// Runs the reference and every mode against `binary` serving `model` (the CPU build's one mode
-/// with `cpu`; `extra` more llama-server arguments); logs go to `logs`.
+/// with `cpu`; `extra` more llama-server arguments); logs go to `logs`. With `resume`, each
+/// finished part is kept there and the parts already there are taken from it; `parts` (empty:
+/// all) limits what this run does. None: parts are left for a later run (this says which).
+#[allow(clippy::too_many_arguments)]
 pub fn check(
     binary: &Path,
     model: &Path,
@@ -468,7 +553,9 @@ pub fn check(
     cpu: bool,
     extra: &[String],
     logs: &Path,
-) -> Result<Report> {
+    resume: Option<&Path>,
+    parts: &[String],
+) -> Result<Option<Report>> {
     std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
     let planned = plan(load.requests, load.slot_ctx);
     let clients = load.clients.unwrap_or(2 * load.slots as usize);
@@ -492,37 +579,72 @@ pub fn check(
         ]
     };
 
-    // The reference: stock, one request at a time.
-    println!(
-        "serve-check: reference, {} completions one at a time (stock)",
-        planned.iter().filter(|p| p.kind == Kind::Complete).count()
-    );
-    let reference: Vec<Option<String>> = {
-        let server = Server::start(
-            binary,
-            &server_args,
-            &stock_env,
-            &logs.join("reference.log"),
-            Duration::from_secs(600),
-        )?;
-        // Only the completions are compared: the others are not sent.
-        planned
-            .iter()
-            .map(|p| {
-                if p.kind != Kind::Complete {
-                    return Ok(None);
-                }
-                match send(&server, p) {
-                    Outcome::Answered { text, .. } => Ok(Some(text)),
-                    other => bail!("the reference run (stock, alone) failed: {other:?}"),
-                }
-            })
-            .collect::<Result<_>>()?
+    let known: Vec<&str> = std::iter::once("reference")
+        .chain(modes.iter().map(|m| m.name))
+        .collect();
+    if let Some(unknown) = parts.iter().find(|p| !known.contains(&p.as_str())) {
+        bail!("--parts: no part {unknown} (here: {})", known.join(", "));
+    }
+    let may = |part: &str| parts.is_empty() || parts.iter().any(|p| p == part);
+    let key = progress_key(load, clients, model, &server_args);
+    let mut progress = match resume {
+        Some(dir) => load_progress(dir, &key)?,
+        None => Progress {
+            key,
+            ..Progress::default()
+        },
+    };
+    let save = |progress: &Progress| match resume {
+        Some(dir) => save_progress(dir, progress),
+        None => Ok(()),
     };
 
-    let mut tallies = Vec::new();
-    let mut verdict = Vec::new();
+    // The reference: stock, one request at a time.
+    let reference: Vec<Option<String>> = if let Some(done) = &progress.reference {
+        println!("serve-check: reference from the earlier run");
+        done.clone()
+    } else if !may("reference") {
+        bail!("the reference is not done yet: run with --parts reference (and the same --resume DIR) first");
+    } else {
+        println!(
+            "serve-check: reference, {} completions one at a time (stock)",
+            planned.iter().filter(|p| p.kind == Kind::Complete).count()
+        );
+        let answers: Vec<Option<String>> = {
+            let server = Server::start(
+                binary,
+                &server_args,
+                &stock_env,
+                &logs.join("reference.log"),
+                Duration::from_secs(600),
+            )?;
+            // Only the completions are compared: the others are not sent.
+            planned
+                .iter()
+                .map(|p| {
+                    if p.kind != Kind::Complete {
+                        return Ok(None);
+                    }
+                    match send(&server, p) {
+                        Outcome::Answered { text, .. } => Ok(Some(text)),
+                        other => bail!("the reference run (stock, alone) failed: {other:?}"),
+                    }
+                })
+                .collect::<Result<_>>()?
+        };
+        progress.reference = Some(answers.clone());
+        save(&progress)?;
+        answers
+    };
+
     for mode in &modes {
+        if progress.modes.iter().any(|m| m.0 == mode.name) {
+            println!("serve-check: {} from the earlier run", mode.name);
+            continue;
+        }
+        if !may(mode.name) {
+            continue;
+        }
         let log = logs.join(format!("{}.log", mode.name));
         let mut server = Server::start(
             binary,
@@ -562,10 +684,33 @@ pub fn check(
         tally.p50_seconds = percentile(&latencies, 0.50);
         tally.p99_seconds = percentile(&latencies, 0.99);
         let alive = server.running() && server.healthy();
-        for problem in problems(&tally, alive) {
-            verdict.push(format!("{}: {problem} (log: {})", mode.name, log.display()));
+        let failing = problems(&tally, alive)
+            .into_iter()
+            .map(|problem| format!("{}: {problem} (log: {})", mode.name, log.display()))
+            .collect();
+        progress.modes.push((mode.name.to_owned(), tally, failing));
+        save(&progress)?;
+    }
+    let left: Vec<&str> = modes
+        .iter()
+        .map(|m| m.name)
+        .filter(|name| !progress.modes.iter().any(|m| m.0 == *name))
+        .collect();
+    if !left.is_empty() {
+        println!(
+            "serve-check: parts left: {} (run again with the same --resume DIR and --parts {})",
+            left.join(", "),
+            left.join(",")
+        );
+        return Ok(None);
+    }
+    let mut tallies = Vec::new();
+    let mut verdict = Vec::new();
+    for mode in &modes {
+        if let Some((name, tally, failing)) = progress.modes.iter().find(|m| m.0 == mode.name) {
+            tallies.push((name.clone(), tally.clone()));
+            verdict.extend(failing.iter().cloned());
         }
-        tallies.push((mode.name.to_owned(), tally));
     }
     let floor = match (
         tallies.iter().find(|t| t.0 == "stock"),
@@ -585,7 +730,7 @@ pub fn check(
         }
         _ => None,
     };
-    Ok(Report {
+    Ok(Some(Report {
         slots: load.slots,
         slot_ctx: load.slot_ctx,
         requests: load.requests,
@@ -594,7 +739,7 @@ pub fn check(
         modes: tallies,
         agreement_floor: floor,
         verdict,
-    })
+    }))
 }
 
 pub fn markdown(r: &Report, device: &str, model: &Path) -> String {
@@ -657,6 +802,150 @@ pub fn markdown(r: &Report, device: &str, model: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn small_load() -> Load {
+        Load {
+            slots: 2,
+            slot_ctx: 256,
+            requests: 4,
+            rounds: 1,
+            clients: None,
+        }
+    }
+
+    fn tally(agree: usize, compared: usize) -> Tally {
+        Tally {
+            sent: 4,
+            answered: compared,
+            agree,
+            compared,
+            tokens: 100,
+            wall_seconds: 2.0,
+            resident_after_round: vec![1 << 30],
+            ..Tally::default()
+        }
+    }
+
+    #[test]
+    fn progress_survives_a_run_and_refuses_another_checks_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = load_progress(dir.path(), "key a").unwrap();
+        assert_eq!(fresh.key, "key a");
+        assert!(fresh.reference.is_none() && fresh.modes.is_empty());
+        let progress = Progress {
+            key: "key a".into(),
+            reference: Some(vec![Some("text".into()), None]),
+            modes: vec![(
+                "stock".into(),
+                tally(3, 4),
+                vec!["stock: 1 request(s) lost".into()],
+            )],
+        };
+        save_progress(dir.path(), &progress).unwrap();
+        assert_eq!(load_progress(dir.path(), "key a").unwrap(), progress);
+        assert!(!dir.path().join(format!("{PROGRESS_FILE}.partial")).exists());
+        let err = load_progress(dir.path(), "key b").unwrap_err().to_string();
+        assert!(
+            err.contains("another check") && err.contains("key a"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn parts_are_checked_and_the_modes_wait_for_the_reference() {
+        let dir = tempfile::tempdir().unwrap();
+        let (load, model, server) = (
+            small_load(),
+            Path::new("m.gguf"),
+            Path::new("/nonexistent/llama-server"),
+        );
+        let logs = dir.path().join("logs");
+        let run = |parts: &[&str]| {
+            let parts: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
+            check(
+                server,
+                model,
+                &load,
+                false,
+                &[],
+                &logs,
+                Some(dir.path()),
+                &parts,
+            )
+        };
+        let err = run(&["stock", "bogus"]).unwrap_err().to_string();
+        assert!(
+            err.contains("no part bogus") && err.contains("reference, stock, overlay"),
+            "{err}"
+        );
+        let err = run(&["stock"]).unwrap_err().to_string();
+        assert!(err.contains("--parts reference"), "{err}");
+    }
+
+    #[test]
+    fn a_finished_progress_gives_the_report_without_running_anything() {
+        let dir = tempfile::tempdir().unwrap();
+        let (load, model, server) = (
+            small_load(),
+            Path::new("m.gguf"),
+            Path::new("/nonexistent/llama-server"),
+        );
+        let logs = dir.path().join("logs");
+        let run = || {
+            check(
+                server,
+                model,
+                &load,
+                false,
+                &[],
+                &logs,
+                Some(dir.path()),
+                &[],
+            )
+        };
+        // Another check's progress is refused.
+        save_progress(
+            dir.path(),
+            &Progress {
+                key: "other".into(),
+                ..Progress::default()
+            },
+        )
+        .unwrap();
+        let err = run().unwrap_err().to_string();
+        assert!(err.contains("another check"), "{err}");
+        let key = progress_key(
+            &load,
+            2 * load.slots as usize,
+            model,
+            &server_args(model, &load, false, &[]),
+        );
+        let progress = Progress {
+            key,
+            reference: Some(vec![Some("a".into()); 3]),
+            modes: vec![
+                ("overlay".into(), tally(1, 40), vec![]),
+                (
+                    "stock".into(),
+                    tally(38, 40),
+                    vec!["stock: the server died".into()],
+                ),
+            ],
+        };
+        save_progress(dir.path(), &progress).unwrap();
+        let report = run().unwrap().expect("every part is done");
+        assert_eq!(
+            report
+                .modes
+                .iter()
+                .map(|m| m.0.as_str())
+                .collect::<Vec<_>>(),
+            ["stock", "overlay"]
+        );
+        assert_eq!(report.verdict.len(), 2, "{:?}", report.verdict);
+        assert!(report.verdict[0].contains("the server died"));
+        assert!(report.verdict[1].contains("below stock's"));
+    }
 
     #[test]
     fn the_server_runs_without_its_prompt_cache_and_extra_arguments_come_last() {
