@@ -851,77 +851,59 @@ mod tests {
         );
     }
 
+    /// check() of a small GPU load on a server that does not exist, progress in `dir`: only what
+    /// runs before any server starts can succeed.
+    fn check_without_server(dir: &Path, parts: &[&str]) -> Result<Option<Report>> {
+        let parts: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
+        check(
+            Path::new("/nonexistent/llama-server"),
+            Path::new("m.gguf"),
+            &small_load(),
+            false,
+            &[],
+            &dir.join("logs"),
+            Some(dir),
+            &parts,
+        )
+    }
+
     #[test]
     fn parts_are_checked_and_the_modes_wait_for_the_reference() {
         let dir = tempfile::tempdir().unwrap();
-        let (load, model, server) = (
-            small_load(),
-            Path::new("m.gguf"),
-            Path::new("/nonexistent/llama-server"),
-        );
-        let logs = dir.path().join("logs");
-        let run = |parts: &[&str]| {
-            let parts: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
-            check(
-                server,
-                model,
-                &load,
-                false,
-                &[],
-                &logs,
-                Some(dir.path()),
-                &parts,
-            )
-        };
-        let err = run(&["stock", "bogus"]).unwrap_err().to_string();
+        let err = check_without_server(dir.path(), &["stock", "bogus"])
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("no part bogus") && err.contains("reference, stock, overlay"),
             "{err}"
         );
-        let err = run(&["stock"]).unwrap_err().to_string();
+        let err = check_without_server(dir.path(), &["stock"])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--parts reference"), "{err}");
     }
 
     #[test]
     fn a_finished_progress_gives_the_report_without_running_anything() {
         let dir = tempfile::tempdir().unwrap();
-        let (load, model, server) = (
-            small_load(),
-            Path::new("m.gguf"),
-            Path::new("/nonexistent/llama-server"),
-        );
-        let logs = dir.path().join("logs");
-        let run = || {
-            check(
-                server,
-                model,
-                &load,
-                false,
-                &[],
-                &logs,
-                Some(dir.path()),
-                &[],
-            )
-        };
         // Another check's progress is refused.
-        save_progress(
-            dir.path(),
-            &Progress {
-                key: "other".into(),
-                ..Progress::default()
-            },
-        )
-        .unwrap();
-        let err = run().unwrap_err().to_string();
+        let other = Progress {
+            key: "other".into(),
+            ..Progress::default()
+        };
+        save_progress(dir.path(), &other).unwrap();
+        let err = check_without_server(dir.path(), &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("another check"), "{err}");
-        let key = progress_key(
-            &load,
-            2 * load.slots as usize,
-            model,
-            &server_args(model, &load, false, &[]),
-        );
+        let (load, model) = (small_load(), Path::new("m.gguf"));
         let progress = Progress {
-            key,
+            key: progress_key(
+                &load,
+                2 * load.slots as usize,
+                model,
+                &server_args(model, &load, false, &[]),
+            ),
             reference: Some(vec![Some("a".into()); 3]),
             modes: vec![
                 ("overlay".into(), tally(1, 40), vec![]),
@@ -933,7 +915,9 @@ mod tests {
             ],
         };
         save_progress(dir.path(), &progress).unwrap();
-        let report = run().unwrap().expect("every part is done");
+        let report = check_without_server(dir.path(), &[])
+            .unwrap()
+            .expect("every part is done");
         assert_eq!(
             report
                 .modes
