@@ -383,11 +383,27 @@ static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slo
     return true;
 }
 
+// Waits for the previous kernel and stages the block's rows with `copy` (issuing their cp.async
+// copies from s.w + off): dense rows before the wait (no kernel writes weights), so that their
+// latency overlaps that kernel's tail; expert rows after it, once their matrix is known
+// (exact_matrix, which moves `off` to it). Returns whether the slot has a matrix.
+template <bool STAGED, typename COPY>
+static __device__ __forceinline__ bool exact_wait_and_stage(const exact_seg & s, int slot, int64_t & off, COPY copy) {
+    if (STAGED && s.ids == nullptr) {
+        copy();
+    }
+    frt_pdl_wait();
+    const bool valid = exact_matrix(s, slot, off);
+    if (STAGED && valid && s.ids != nullptr) {
+        copy();
+    }
+    return valid;
+}
+
 // The block's rows [row0, row0 + n) of a quantized matrix (slot `slot`). STAGED: the rows are
-// contiguous bytes that the block copies into shared memory in one go, before the wait for the
-// previous kernel (weights are not written by kernels; expert rows right after it, their ids
-// come from an earlier kernel), so that their latency overlaps that kernel's tail and the
-// prologue; otherwise each item is read from global memory where it is used.
+// contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
+// that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
+// read from global memory where it is used.
 template <int TYPE, bool STAGED, bool GLU>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
@@ -411,14 +427,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             exact_copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
         }
     };
-    if (STAGED && s.ids == nullptr) {
-        stage_rows();
-    }
-    frt_pdl_wait();
-    const bool valid = exact_matrix(s, slot, off);
-    if (STAGED && valid && s.ids != nullptr) {
-        stage_rows();
-    }
+    const bool valid = exact_wait_and_stage<STAGED>(s, slot, off, stage_rows);
     const int      at   = exact_prologue(p, vec, smem);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
@@ -507,14 +516,7 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     uint8_t *     stage = smem + p.smem_stage;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
-    if (STAGED && s.ids == nullptr) {
-        exact_copy(stage, s.w + off, bytes, s.stage_unit);
-    }
-    frt_pdl_wait();
-    const bool valid = exact_matrix(s, slot, off);
-    if (STAGED && valid && s.ids != nullptr) {
-        exact_copy(stage, s.w + off, bytes, s.stage_unit);
-    }
+    const bool valid = exact_wait_and_stage<STAGED>(s, slot, off, [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
     const int     at   = exact_prologue(p, vec, smem);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;
@@ -579,8 +581,8 @@ static int exact_row_copies(const frt_gemv_args & a) {
 }
 
 // Shared memory: x as int8 (vectors x k), a uint2 per 32 values, x in float (F32 rows), then the
-// cross-warp sums of up to kExactMaxRows rows (of each matrix a row multiplies). Only the vector a block multiplies is kept, unless
-// the launch writes the normed vectors (then all of them).
+// cross-warp sums of up to kExactMaxRows rows (of each matrix a row multiplies). Only the vector a
+// block multiplies is kept, unless the launch writes the normed vectors (then all of them).
 static int exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf, int & smem_part, bool & q8,
                         bool & f32) {
     q8 = f32 = false;
@@ -599,6 +601,13 @@ int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf)
     int  smem_part = 0;
     bool q8 = false, f32 = false;
     return exact_layout(a, smem_xm, smem_xf, smem_part, q8, f32);
+}
+
+// One instance of the kernel, with the shared memory it may use.
+template <auto KERNEL>
+static cudaError_t exact_launch(int device, int blocks, int smem, cudaStream_t stream, const exact_params & p) {
+    const cudaError_t err = gemv_allow_smem<KERNEL>(device, kMaxSmem);
+    return err != cudaSuccess ? err : frt_launch(KERNEL, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p);
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
@@ -635,10 +644,8 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     int     total = 0;
     int64_t widest = 0;  // the longest staged row
     int     units[FRT_GEMV_MAX_SEGMENTS];
-    bool    f32_only = true;
-    for (int i = 0; i < a.n_segments; ++i) {
-        f32_only = f32_only && a.seg[i].type == FRT_GEMV_F32;
-    }
+    bool    q8 = false, f32 = false;
+    exact_layout(a, p.smem_xm, p.smem_xf, p.smem_part, q8, f32);
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
         total += (s.ids != nullptr ? s.n_used : 1) * s.rows;
@@ -648,13 +655,11 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         const uint64_t align = (uint64_t) (uintptr_t) s.w | (uint64_t) s.row_stride |
                                (uint64_t) (s.ids != nullptr ? s.expert_stride : 0) |
                                (uint64_t) (s.type == FRT_GEMV_F32 ? a.k * sizeof(float) : 0);  // the copy's length
-        units[i] = s.type == FRT_GEMV_F32 && !f32_only ? 0 : align % 16 == 0 ? 16 : align % 4 == 0 ? 4 : 0;
+        units[i] = s.type == FRT_GEMV_F32 && q8 ? 0 : align % 16 == 0 ? 16 : align % 4 == 0 ? 4 : 0;
         if (units[i] != 0) {
             widest = std::max(widest, s.row_stride);
         }
     }
-    bool q8 = false, f32 = false;
-    exact_layout(a, p.smem_xm, p.smem_xf, p.smem_part, q8, f32);
     p.need_q8        = q8;
     p.need_f32       = f32;
     const int wave   = dev.sms * kExactBlocksPerSm;
@@ -690,12 +695,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.stage_unit      = stage ? units[i] : 0;
         blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
     }
-    const bool glu = copies == 2;
-    err = glu ? gemv_allow_smem<frt_gemv_exact_kernel<true>>(device, kMaxSmem)
-              : gemv_allow_smem<frt_gemv_exact_kernel<false>>(device, kMaxSmem);
-    if (err != cudaSuccess) {
-        return err;
-    }
-    return glu ? frt_launch(frt_gemv_exact_kernel<true>, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p)
-               : frt_launch(frt_gemv_exact_kernel<false>, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p);
+    return a.seg[0].epilogue == FRT_GEMV_SWIGLU ? exact_launch<frt_gemv_exact_kernel<true>>(device, blocks, smem, stream, p)
+                                                : exact_launch<frt_gemv_exact_kernel<false>>(device, blocks, smem, stream, p);
 }
