@@ -87,6 +87,11 @@ static bool is_pack_node(const ggml_cgraph * cgraph, const flashrt_gemv_pack & p
     return false;
 }
 
+// Which source of a pack's residual ADD is its matvec (0 or 1); the other is the residual.
+static int add_matvec_src(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, const ggml_tensor * add) {
+    return is_pack_node(cgraph, pack, add->src[0]) ? 0 : 1;
+}
+
 // Whether pack node p (a matvec) is computed by another pack node's segment: the gate or the up of
 // one of the pack's SWIGLU nodes, or the matvec one of its ADD nodes adds a residual to.
 static bool feeds_pack_epilogue(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, int p) {
@@ -432,7 +437,7 @@ static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
         // An ADD node: its matvec's segment, adding the other operand (the residual).
         const bool          glu  = out->op == GGML_OP_GLU;
         const bool          add  = out->op == GGML_OP_ADD;
-        const int           mm_src = add && !is_pack_node(cgraph, pack, out->src[0]) ? 1 : 0;
+        const int           mm_src = add ? add_matvec_src(cgraph, pack, out) : 0;
         const ggml_tensor * node = glu ? out->src[1] : add ? out->src[mm_src] : out;
         const ggml_tensor * w = node->src[0];
         frt_gemv_segment & s = a.seg[a.n_segments++];
@@ -523,7 +528,7 @@ static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pac
         const bool               glu   = node->op == GGML_OP_GLU;
         const frt_gemv_segment & s     = a.seg[si++];
         if (node->op == GGML_OP_ADD) {
-            node = is_pack_node(cgraph, pack, node->src[0]) ? node->src[0] : node->src[1];
+            node = node->src[add_matvec_src(cgraph, pack, node)];
         }
         const int64_t            slots = s.ids != nullptr ? (int64_t) a.tokens * s.n_used : 1;
         bytes += (uint64_t) ((glu ? 2 : 1) * slots * s.rows * frt_gemv_row_bytes(s.type, a.k));
@@ -801,7 +806,7 @@ static bool add_residual_adds(const ggml_cgraph * cgraph, int i, const ggml_tens
             if (t->op == GGML_OP_ADD && with.nodes[q] != user) {  // the ones added before still hold
                 safe = epilogue_out_safe(cgraph, i, with, with.nodes[q], x) &&
                        residual_ready(cgraph, i, with, with.nodes[q],
-                                      is_pack_node(cgraph, with, t->src[0]) ? t->src[1] : t->src[0]);
+                                      t->src[1 - add_matvec_src(cgraph, with, t)]);
             }
         }
         if (safe) {
