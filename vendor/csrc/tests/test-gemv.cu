@@ -66,6 +66,11 @@ template <typename T> T * upload(const std::vector<T> & v) {
     return d;
 }
 
+// n floats on the device, every one the poison NaN: what a kernel leaves unwritten shows.
+float * upload_poisoned(size_t n) {
+    return (float *) upload(std::vector<uint32_t>(n, kPoison));
+}
+
 template <typename T> std::vector<T> download(const T * d, size_t n) {
     std::vector<T> v(n);
     CHECK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
@@ -159,7 +164,7 @@ bool run_case(const test_case & tc, frt_gemv_kernel kernel, std::mt19937_64 & rn
     const int64_t normed_stride = k + 12;
     float *       d_normed      = nullptr;
     if (tc.keep_normed) {
-        d_normed = (float *) upload(std::vector<uint32_t>((size_t) n_vec * normed_stride, kPoison));
+        d_normed = upload_poisoned((size_t) n_vec * normed_stride);
         args.x_normed        = d_normed;
         args.x_normed_stride = normed_stride;
     }
@@ -467,9 +472,8 @@ bool run_norm_case(const norm_case & nc, std::mt19937_64 & rng) {
     float *   d_norm    = upload(norm);
     uint8_t * d_w       = upload(w);
     float *   d_normed  = upload(std::vector<float>(k, 0.0f));  // the reference's normed x
-    float *   d_kept    = (float *) upload(std::vector<uint32_t>(k, kPoison));  // the launch's x_normed
-    float *   d_out[2]  = { (float *) upload(std::vector<uint32_t>(nc.rows, kPoison)),
-                          (float *) upload(std::vector<uint32_t>(nc.rows, kPoison)) };
+    float *   d_kept    = upload_poisoned(k);  // the launch's x_normed
+    float *   d_out[2]  = { upload_poisoned(nc.rows), upload_poisoned(nc.rows) };
     rms_norm_reference<<<1, k < 1024 ? 256 : 1024>>>(d_x, d_norm, d_normed, k, 1e-6f);
     CHECK(cudaGetLastError());
     bool ok = true;
@@ -587,7 +591,7 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
             *dst = upload(w);
         }
         for (float *& o : p.out) {
-            o = (float *) upload(std::vector<uint32_t>((size_t) p.slots * (rows + 3), kPoison));
+            o = upload_poisoned((size_t) p.slots * (rows + 3));
         }
         pairs.push_back(p);
     };
