@@ -6,6 +6,8 @@
 // which SHEXP_FOLD serves them with. Only for those windows when they run, and only for values of
 // one token (the windows' packs take one token): at 2-8 tokens (a server decoding several
 // sequences) the moves would only split the gate/up/GLU runs that stock fuses into one kernel.
+// One exception: with GDN on, a Gated DeltaNet layer's input projections move at up to 8 tokens
+// too (stock's kernels run them there), so that the layer's block is one run of nodes for GDN.
 // Stock's order otherwise.
 
 #include "flashrt.cuh"
@@ -29,8 +31,9 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
     const int  cc     = ggml_cuda_info().devices[ctx.device].cc;
     const bool fold   = flashrt_window_runs("SHEXP_FOLD", cc);
     const bool matvec = flashrt_window_runs("MATVEC", cc);
+    const bool gdn    = flashrt_window_runs("GDN", cc);
     if (!flashrt_window_runs("INPROJ", cc) && !flashrt_window_runs("ATTNQKV", cc) &&
-        !flashrt_window_runs("HEAD", cc) && !fold && !matvec) {
+        !flashrt_window_runs("HEAD", cc) && !fold && !matvec && !gdn) {
         return;
     }
     const int n = cgraph->n_nodes;
@@ -51,14 +54,18 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
     };
     const auto named = [](const ggml_tensor * w, const char * part) { return std::strstr(w->name, part) != nullptr; };
     const auto one_token = [](const ggml_tensor * v) { return v->ne[1] == 1 && v->ne[2] == 1 && v->ne[3] == 1; };
+    const auto few_tokens = [](const ggml_tensor * v) { return v->ne[1] <= 8 && v->ne[2] == 1 && v->ne[3] == 1; };
     for (int i = 0; i < n; ++i) {
         const ggml_tensor * t = cgraph->nodes[i];
         if (t->op == GGML_OP_MUL && i > 0 && cgraph->nodes[i - 1]->op == GGML_OP_RMS_NORM &&
-            (t->src[0] == cgraph->nodes[i - 1] || t->src[1] == cgraph->nodes[i - 1]) && one_token(t)) {
+            (t->src[0] == cgraph->nodes[i - 1] || t->src[1] == cgraph->nodes[i - 1]) &&
+            (one_token(t) || (gdn && few_tokens(t)))) {
             // RMS_NORM, then its weight MUL: the projections of the normed value.
-            pull(i, t, [cc](const ggml_tensor * w) {
+            const bool packs = one_token(t);
+            pull(i, t, [cc, packs, gdn](const ggml_tensor * w) {
                 const char * window = flashrt_gemv_norm_pack_window(w);
-                return window != nullptr && flashrt_window_runs(window, cc);
+                return window != nullptr && ((packs && flashrt_window_runs(window, cc)) ||
+                                             (gdn && std::strcmp(window, "INPROJ") == 0));
             });
         } else if (matvec && t->op == GGML_OP_MUL_MAT && named(t->src[0], "ffn_gate_inp.") && one_token(t->src[1])) {
             // The router, then the shared expert's gate vector (the same input, the same F32 type).

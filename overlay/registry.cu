@@ -1,6 +1,7 @@
 #include "registry.cuh"
 #include "windows/attnqkv.cuh"
 #include "windows/gdn-gated-norm.cuh"
+#include "windows/gdn.cuh"
 #include "windows/head.cuh"
 #include "windows/inproj.cuh"
 #include "windows/matvec.cuh"
@@ -12,6 +13,8 @@ const char * const flashrt_miss_anchor = "anchor op";
 // Tried in this order at each node. The norm-fed GEMV windows come before MATVEC, which takes
 // whatever matvecs they leave.
 static const flashrt_window flashrt_registry[] = {
+    // Before GDN_GATED_NORM: it takes the gated norm along with the rest of the layer.
+    { "GDN", flashrt_tier::safe, 900, flashrt_match_gdn, flashrt_run_gdn, nullptr },
     { "GDN_GATED_NORM", flashrt_tier::safe, 900, flashrt_match_gdn_gated_norm, flashrt_run_gdn_gated_norm, nullptr },
     // full: no measured gain on qwen36 decode, and F16 gates differ from stock (docs/perf-notes.md).
     { "SHEXP_GATE", flashrt_tier::full, 900, flashrt_match_shexp_gate, flashrt_run_shexp_gate,

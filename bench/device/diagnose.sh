@@ -34,8 +34,9 @@
 #                         PARTS=reference,stock and then PARTS=overlay split it over two calls
 #   diagnose.sh multiseq  decode with several sequences, as llama-server runs it under load:
 #                         llama-batched-bench (prompts of 128, 64 tokens generated, 1/2/4/8
-#                         sequences) for stock, the default, the default without the GEMV windows
-#                         and every window off; the default's FRT_STATS (hits, host time a capture)
+#                         sequences) for stock, the default, the default without the GEMV windows,
+#                         every window off and without GDN; the default's FRT_STATS (hits, host
+#                         time a capture); tg64 of the default and without GDN
 # Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|multiseq. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
@@ -264,7 +265,12 @@ multiseq)
     bb default FRT_STATS=1
     bb no-gemv-windows $(offs "${gemv_windows[@]}")
     bb windows-off $(offs "${all_windows[@]}")
+    bb no-gdn GGML_FLASHRT_NO_GDN=1
     grep -hE "FlashRT stats" "$out/bb-default.txt" | tail -12 | tee -a "$out/summary.txt" || true
+    say "| setting | tg64 tok/s |"
+    say "|---|---:|"
+    tg default GGML_CUDA_FLASHRT_DISABLE=0
+    tg no-gdn GGML_FLASHRT_NO_GDN=1
     ;;
 *)
     echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|multiseq"; exit 2 ;;
