@@ -548,7 +548,12 @@ mod tests {
             if path.extension().is_some_and(|e| e == "cu" || e == "cuh") {
                 let text = std::fs::read_to_string(&path).unwrap();
                 for (at, declaration) in text.match_indices("__global__ void ") {
-                    let name: String = text[at + declaration.len()..]
+                    // `__global__ void __launch_bounds__(...) name(`: the name follows the bounds.
+                    let mut rest = &text[at + declaration.len()..];
+                    if let Some(bounded) = rest.strip_prefix("__launch_bounds__(") {
+                        rest = bounded[bounded.find(')').unwrap() + 1..].trim_start();
+                    }
+                    let name: String = rest
                         .chars()
                         .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                         .collect();
