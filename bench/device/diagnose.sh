@@ -76,7 +76,7 @@ if [ $gemv_tests = 1 ]; then
     grep -E "^\|( shape|---| [a-z_]+ \| frt)" "$out/gemv/gemv-bench.md" | cut -d'|' -f2-8,11 | tee -a "$out/summary.txt" || true
 fi
 
-all_windows=(GDN_GATED_NORM SHEXP_GATE "${gemv_windows[@]}")
+all_windows=(GDN GDN_GATED_NORM SHEXP_GATE "${gemv_windows[@]}")
 swaps() { for w in "$@"; do printf 'FRT_%s_SWAP=1 ' "$w"; done; }
 offs() { for w in "$@"; do printf 'GGML_FLASHRT_NO_%s=1 ' "$w"; done; }
 # tg64 (TG_N tokens), 3 repetitions: name, then the environment.
