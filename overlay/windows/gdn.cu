@@ -40,6 +40,8 @@ struct gdn_block {
     const ggml_tensor * alpha;
     const ggml_tensor * beta;
     const ggml_tensor * z;
+    const ggml_tensor * conv_w;
+    const ggml_tensor * norm_w;
     int                 k_heads, v_heads, n_seqs, dst_row;
 
     static constexpr int n_nodes = 20;
@@ -166,7 +168,7 @@ static const char * gdn_collect(const ggml_cgraph * cgraph, int i, gdn_block & b
         return "shape: a gate per column (KDA), not per head";
     }
     const int64_t C = (2 * b.k_heads + b.v_heads) * S;
-    const ggml_tensor * conv_w = b.conv->src[1];
+    const ggml_tensor * conv_w = b.conv_w = b.conv->src[1];
     if (b.concat->ne[0] != 4 || b.concat->ne[1] != C || b.concat->ne[2] != b.n_seqs || conv_w->ne[0] != 4 ||
         conv_w->ne[1] != C || !ggml_is_contiguous(conv_w) || anchor->ne[0] != 3 * C) {
         return "shape: the conv is not 4 taps over q, k and v's channels";
@@ -244,7 +246,8 @@ static const char * gdn_collect(const ggml_cgraph * cgraph, int i, gdn_block & b
     }
     b.dst_row = (int) conv_row;
 
-    const ggml_tensor * norm_w = b.out_norm_mul->src[0] == b.out_norm ? b.out_norm_mul->src[1] : b.out_norm_mul->src[0];
+    const ggml_tensor * norm_w = b.norm_w =
+        b.out_norm_mul->src[0] == b.out_norm ? b.out_norm_mul->src[1] : b.out_norm_mul->src[0];
     if (!is_one_row(norm_w, S) || !ggml_are_same_shape(b.z, attn) || !ggml_are_same_shape(b.out, attn) ||
         b.z->nb[0] != f || b.out->nb[0] != f || b.z->ne[2] != 1 || b.out->ne[2] != 1) {
         return "layout: the gated norm is not over 128-wide heads with one weight row";
@@ -345,8 +348,8 @@ void flashrt_run_gdn(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int 
     a.beta      = (const float *) b.beta->data;
     a.beta_seq  = b.beta->nb[3] / f;
 
-    const ggml_tensor * conv_w = b.conv->src[1];
-    const ggml_tensor * norm_w = b.out_norm_mul->src[0] == b.out_norm ? b.out_norm_mul->src[1] : b.out_norm_mul->src[0];
+    const ggml_tensor * conv_w = b.conv_w;
+    const ggml_tensor * norm_w = b.norm_w;
     a.conv_w  = (const float *) conv_w->data;
     a.dt_bias = (const float *) b.alpha_add->src[1]->data;
     a.a       = (const float *) b.gate->src[1]->data;
