@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
 
 // The block spans ~60 nodes, most of them views.
 static constexpr int max_block_nodes = 120;
@@ -300,21 +301,30 @@ flashrt_match flashrt_match_gdn(const ggml_cgraph * cgraph, int i) {
     if (found != gdn_block::n_nodes) {
         return flashrt_miss("a node of the block lies outside its run");
     }
-    // Only the output (and the caches, written in place) may be read after the block.
-    const auto intermediate = [&](const ggml_tensor * t) {
-        return t != nullptr && t != b.out && t != b.conv_cpy && t != b.state_cpy &&
-               (in_block(t) || (t->view_src != nullptr && in_block(t->view_src) && t->view_src != b.out));
-    };
-    for (const ggml_tensor * t : block) {
-        if (t != b.out && (t->flags & GGML_TENSOR_FLAG_OUTPUT)) {
-            return flashrt_miss("an intermediate result is a graph output");
+    // Only the output (and the caches, written in place) may be read after the block: every other
+    // value of the run, and every view of one, has all its uses (ggml's use counts) inside the run.
+    // Counted over the run's ~60 nodes, not the rest of the graph: at several sequences the
+    // predicates run at every step (no CUDA graphs).
+    std::unordered_map<const ggml_tensor *, int> uses_in_run;
+    for (int u = i; u <= b.end; ++u) {
+        for (const ggml_tensor * src : cgraph->nodes[u]->src) {
+            if (src != nullptr) {
+                uses_in_run[src]++;
+            }
         }
     }
-    for (int j = b.end + 1; j < cgraph->n_nodes; ++j) {
-        for (const ggml_tensor * src : cgraph->nodes[j]->src) {
-            if (intermediate(src)) {
-                return flashrt_miss("an intermediate result is read after the block");
-            }
+    for (int j = i; j <= b.end; ++j) {
+        const ggml_tensor * t = cgraph->nodes[j];
+        const bool intermediate = in_block(t) || (t->view_src != nullptr && in_block(t->view_src));
+        if (!intermediate || t == b.out || t == b.conv_cpy || t == b.state_cpy) {
+            continue;  // views of the caches, weights and inputs
+        }
+        if (t->flags & GGML_TENSOR_FLAG_OUTPUT) {
+            return flashrt_miss("an intermediate result is a graph output");
+        }
+        const auto uses = uses_in_run.find(t);
+        if ((uses == uses_in_run.end() ? 0 : uses->second) != ggml_node_get_use_count(cgraph, j)) {
+            return flashrt_miss("an intermediate result is read after the block");
         }
     }
     // The output is written last (recur), after everything but z is read.
