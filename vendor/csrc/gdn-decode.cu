@@ -86,6 +86,22 @@ static __global__ void __launch_bounds__(head_dim) frt_gdn_prep_kernel(const frt
             w[j] = a.conv_w[c * conv_taps + j];
         }
     }
+    // The window [old0, old1, old2, new] of every sequence, all reads first. A sequence's old
+    // columns are read from its own row before the wait: the window runs only when no node of the
+    // graph writes the caches before it (llama.cpp's zeroing of a new sequence's row makes it
+    // miss), so their last writer is this kernel a step earlier. After the wait the ids (an input)
+    // say which sequences read another row instead (a sequence copy): those are read again.
+    float x[max_seqs][conv_taps];
+#pragma unroll
+    for (int s = 0; s < max_seqs; ++s) {
+        if (s < a.n_seqs) {
+            const float * old = a.conv_state + (a.dst_row + s) * a.conv_row + c * (conv_taps - 1);
+#pragma unroll
+            for (int j = 0; j < conv_taps - 1; ++j) {
+                x[s][j] = old[j];
+            }
+        }
+    }
     frt_pdl_wait();
     if (!a.weights_constant) {
 #pragma unroll
@@ -93,16 +109,16 @@ static __global__ void __launch_bounds__(head_dim) frt_gdn_prep_kernel(const frt
             w[j] = a.conv_w[c * conv_taps + j];
         }
     }
-
-    // The window [old0, old1, old2, new] of every sequence, all reads first.
-    float x[max_seqs][conv_taps];
 #pragma unroll
     for (int s = 0; s < max_seqs; ++s) {
         if (s < a.n_seqs) {
-            const float * old = a.conv_state + a.ids[s] * a.conv_row + c * (conv_taps - 1);
+            const int row = a.ids[s];
+            if (row != a.dst_row + s) {
+                const float * old = a.conv_state + row * a.conv_row + c * (conv_taps - 1);
 #pragma unroll
-            for (int j = 0; j < conv_taps - 1; ++j) {
-                x[s][j] = old[j];
+                for (int j = 0; j < conv_taps - 1; ++j) {
+                    x[s][j] = old[j];
+                }
             }
             x[s][conv_taps - 1] = a.qkv[s * a.qkv_seq + c];
         }
@@ -185,6 +201,19 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt
     __shared__ float attn[head_dim];
     __shared__ float warp_sums[4];
 
+    // The state from the sequence's own row before the wait (as prep's conv columns: its last
+    // writer is this kernel a step earlier); a sequence that reads another row (ids, after the
+    // wait) loads prep's copy of that row instead.
+    float *       dst = a.ssm_state + (a.dst_row + s) * a.ssm_row + h * head_dim * head_dim;
+    float state[cols_per_warp][rows_per_lane];
+#pragma unroll
+    for (int j = 0; j < cols_per_warp; ++j) {
+        const int col = warp + 32 * j;
+#pragma unroll
+        for (int r = 0; r < rows_per_lane; ++r) {
+            state[j][r] = dst[col * head_dim + r * 32 + lane];
+        }
+    }
     float norm_w = 0.0f;
     if (a.weights_constant && warp < 4) {
         norm_w = a.norm_w[warp * 32 + lane];
@@ -193,27 +222,24 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt
     if (!a.weights_constant && warp < 4) {
         norm_w = a.norm_w[warp * 32 + lane];
     }
-
-    const float * sc   = (const float *) a.scratch + s * gdn_seq_floats(a.k_heads, a.v_heads);
-    const int     kh   = h % a.k_heads;
-    const int     row  = a.ids[s];
-    const float * src  = row == a.dst_row + s
-                             ? a.ssm_state + row * a.ssm_row
-                             : (const float *) ((const char *) a.scratch +
-                                                gdn_states_offset(a.n_seqs, a.k_heads, a.v_heads)) +
-                                   s * state_floats;
-    float *       dst  = a.ssm_state + (a.dst_row + s) * a.ssm_row + h * head_dim * head_dim;
-    src += h * head_dim * head_dim;
-
-    float state[cols_per_warp][rows_per_lane];
+    if (a.ids[s] != a.dst_row + s) {
+        const float * copy = (const float *) ((const char *) a.scratch + gdn_states_offset(a.n_seqs, a.k_heads, a.v_heads)) +
+                             s * state_floats + h * head_dim * head_dim;
 #pragma unroll
-    for (int j = 0; j < cols_per_warp; ++j) {
-        const int col = warp + 32 * j;
+        for (int j = 0; j < cols_per_warp; ++j) {
+            const int col = warp + 32 * j;
 #pragma unroll
-        for (int r = 0; r < rows_per_lane; ++r) {
-            state[j][r] = src[col * head_dim + r * 32 + lane];
+            for (int r = 0; r < rows_per_lane; ++r) {
+                state[j][r] = copy[col * head_dim + r * 32 + lane];
+            }
         }
     }
+    // z now, so that its load overlaps the recurrence rather than following the norm.
+    const int col_out = warp * 32 + lane;
+    const float z = warp < 4 ? a.z[s * a.z_seq + h * a.z_head + col_out] : 0.0f;
+
+    const float * sc = (const float *) a.scratch + s * gdn_seq_floats(a.k_heads, a.v_heads);
+    const int     kh = h % a.k_heads;
     float q[rows_per_lane], k[rows_per_lane];
 #pragma unroll
     for (int r = 0; r < rows_per_lane; ++r) {
@@ -267,12 +293,10 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt
     }
     __syncthreads();
     if (warp < 4) {
-        const int   col    = warp * 32 + lane;
         const float mean   = gdn_sum_of_warps(warp_sums) / head_dim;
         const float scale  = rsqrtf(mean + a.norm_eps);
         const float normed = scale * o * norm_w;
-        const float z      = a.z[s * a.z_seq + h * a.z_head + col];
-        a.out[s * a.out_seq + h * a.out_head + col] = gdn_silu(z) * normed;
+        a.out[s * a.out_seq + h * a.out_head + col_out] = gdn_silu(z) * normed;
     }
 }
 
