@@ -4,6 +4,7 @@
 #include "../repack.cuh"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -87,9 +88,20 @@ static bool is_pack_node(const ggml_cgraph * cgraph, const flashrt_gemv_pack & p
     return false;
 }
 
+// The matvec an ADD's source shows: the source itself, or the matvec under a RESHAPE (a Gated
+// DeltaNet layer's output projection is [n_embd, 1, 1], reshaped to [n_embd, 1] for its residual).
+static const ggml_tensor * seen_matvec(const ggml_tensor * src) {
+    return src != nullptr && src->op == GGML_OP_RESHAPE ? src->src[0] : src;
+}
+
+// Whether node t is a RESHAPE of one of the pack's matvecs: a view, never computed.
+static bool is_pack_reshape(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, const ggml_tensor * t) {
+    return t->op == GGML_OP_RESHAPE && is_pack_node(cgraph, pack, t->src[0]);
+}
+
 // Which source of a pack's residual ADD is its matvec (0 or 1); the other is the residual.
 static int add_matvec_src(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, const ggml_tensor * add) {
-    return is_pack_node(cgraph, pack, add->src[0]) ? 0 : 1;
+    return is_pack_node(cgraph, pack, seen_matvec(add->src[0])) ? 0 : 1;
 }
 
 // Whether pack node p (a matvec) is computed by another pack node's segment: the gate or the up of
@@ -98,7 +110,10 @@ static bool feeds_pack_epilogue(const ggml_cgraph * cgraph, const flashrt_gemv_p
     const ggml_tensor * mm = cgraph->nodes[pack.nodes[p]];
     for (int q = 0; q < pack.n; ++q) {
         const ggml_tensor * t = cgraph->nodes[pack.nodes[q]];
-        if ((t->op == GGML_OP_GLU || t->op == GGML_OP_ADD) && (t->src[0] == mm || t->src[1] == mm)) {
+        if (t->op == GGML_OP_GLU && (t->src[0] == mm || t->src[1] == mm)) {
+            return true;
+        }
+        if (t->op == GGML_OP_ADD && (seen_matvec(t->src[0]) == mm || seen_matvec(t->src[1]) == mm)) {
             return true;
         }
     }
@@ -438,7 +453,7 @@ static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
         const bool          glu  = out->op == GGML_OP_GLU;
         const bool          add  = out->op == GGML_OP_ADD;
         const int           mm_src = add ? add_matvec_src(cgraph, pack, out) : 0;
-        const ggml_tensor * node = glu ? out->src[1] : add ? out->src[mm_src] : out;
+        const ggml_tensor * node = glu ? out->src[1] : add ? seen_matvec(out->src[mm_src]) : out;
         const ggml_tensor * w = node->src[0];
         frt_gemv_segment & s = a.seg[a.n_segments++];
         s.type = gemv_type_of(w->type);
@@ -528,7 +543,7 @@ static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pac
         const bool               glu   = node->op == GGML_OP_GLU;
         const frt_gemv_segment & s     = a.seg[si++];
         if (node->op == GGML_OP_ADD) {
-            node = node->src[add_matvec_src(cgraph, pack, node)];
+            node = seen_matvec(node->src[add_matvec_src(cgraph, pack, node)]);
         }
         const int64_t            slots = s.ids != nullptr ? (int64_t) a.tokens * s.n_used : 1;
         bytes += (uint64_t) ((glu ? 2 : 1) * slots * s.rows * frt_gemv_row_bytes(s.type, a.k));
@@ -668,11 +683,15 @@ static bool epilogue_out_safe(const ggml_cgraph * cgraph, int run_at, const flas
         }
     }
     for (int t = run_at; t < node; ++t) {
-        if (std::find(pack.nodes, pack.nodes + pack.n, t) != pack.nodes + pack.n) {
+        const ggml_tensor * other = cgraph->nodes[t];
+        if (std::find(pack.nodes, pack.nodes + pack.n, t) != pack.nodes + pack.n || is_pack_reshape(cgraph, pack, other)) {
             continue;  // not computed by the loop
         }
-        const ggml_tensor * other = cgraph->nodes[t];
         if ((other->data != nullptr && flashrt_overlaps(other, out)) || overlaps_any_source(other, out)) {
+            if (flashrt_debug_enabled()) {
+                std::fprintf(stderr, "FlashRT: %s's memory is used by node %d (%s %s) before its turn\n", out->name, t,
+                             ggml_op_desc(other), other->name);
+            }
             return false;
         }
     }
@@ -690,28 +709,43 @@ static int first_reader(const ggml_cgraph * cgraph, int at, int end) {
     return -1;
 }
 
+// Whether any matvec of the pack is read first by a split SWIGLU (a pack the GLU epilogue is for).
+static bool is_split_swiglu_reader(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack) {
+    const int end = std::min(cgraph->n_nodes, pack.nodes[0] + 1 + flashrt_gemv_lookahead);
+    for (int p = 0; p < pack.n; ++p) {
+        const int user = first_reader(cgraph, pack.nodes[p], end);
+        if (user >= 0 && is_split_swiglu(cgraph->nodes[user])) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // Adds to `pack` (matvecs from node i, none computed apart) the SWIGLU nodes its matvecs feed, when
 // every matvec is the gate or the up of one (the kernel takes the epilogue on all segments of a
 // launch or on none), each read by that node alone, the pairs alike (type, shape, ids), and each
-// SWIGLU's output can be written at i. Returns whether it did.
-static bool add_glu_nodes(const ggml_cgraph * cgraph, int i, const ggml_tensor * x, flashrt_gemv_pack & pack) {
+// SWIGLU's output can be written at i. Returns nullptr when it did, else why not.
+static const char * add_glu_nodes(const ggml_cgraph * cgraph, int i, const ggml_tensor * x, flashrt_gemv_pack & pack) {
     int       glus[FRT_GEMV_MAX_SEGMENTS];
     int       n_glu = 0;
     const int end   = std::min(cgraph->n_nodes, i + 1 + flashrt_gemv_lookahead);
     for (int p = 0; p < pack.n; ++p) {
-        if (pack.there[p] || !ggml_node_has_n_uses(cgraph, pack.nodes[p], 1)) {
-            return false;
+        if (pack.there[p]) {
+            return "a matvec is computed where it stands";
+        }
+        if (!ggml_node_has_n_uses(cgraph, pack.nodes[p], 1)) {
+            return "a matvec has more than one reader";
         }
         const int user = first_reader(cgraph, pack.nodes[p], end);
         if (user < 0 || !is_split_swiglu(cgraph->nodes[user])) {
-            return false;
+            return "a matvec's reader is not a split SWIGLU";
         }
         if (std::find(glus, glus + n_glu, user) == glus + n_glu) {
             glus[n_glu++] = user;
         }
     }
     if (pack.n + n_glu > FRT_GEMV_MAX_SEGMENTS || pack.n + n_glu - 1 > FLASHRT_MAX_CLAIMED) {
-        return false;
+        return "too many nodes for one launch";
     }
     for (int g = 0; g < n_glu; ++g) {
         const ggml_tensor * glu  = cgraph->nodes[glus[g]];
@@ -719,13 +753,16 @@ static bool add_glu_nodes(const ggml_cgraph * cgraph, int i, const ggml_tensor *
         const ggml_tensor * up   = glu->src[1];
         const ggml_tensor * wg = gate->src[0];
         const ggml_tensor * wu = up->src[0];
-        if (!is_pack_node(cgraph, pack, gate) || !is_pack_node(cgraph, pack, up) || !same_launch(gate, up) || gate->src[1] != up->src[1] ||
-            wg->type != wu->type || !ggml_are_same_shape(wg, wu) || wg->nb[1] != wu->nb[1] || wg->nb[2] != wu->nb[2]) {
-            return false;
+        if (!is_pack_node(cgraph, pack, gate) || !is_pack_node(cgraph, pack, up)) {
+            return "a SWIGLU's gate or up is not in the pack";
+        }
+        if (!same_launch(gate, up) || gate->src[1] != up->src[1] || wg->type != wu->type ||
+            !ggml_are_same_shape(wg, wu) || wg->nb[1] != wu->nb[1] || wg->nb[2] != wu->nb[2]) {
+            return "a SWIGLU's gate and up differ (input, ids, type, shape or strides)";
         }
         if (glu->type != GGML_TYPE_F32 || !ggml_are_same_shape(glu, up) || glu->nb[0] != sizeof(float) ||
             glu->nb[1] != up->nb[1] || (glu->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
-            return false;
+            return "a SWIGLU's output is not an F32 tensor laid out as its up";
         }
     }
     flashrt_gemv_pack with = pack;
@@ -735,11 +772,11 @@ static bool add_glu_nodes(const ggml_cgraph * cgraph, int i, const ggml_tensor *
     std::sort(with.nodes, with.nodes + with.n);
     for (int g = 0; g < n_glu; ++g) {
         if (!epilogue_out_safe(cgraph, i, with, glus[g], x)) {
-            return false;
+            return "memory: a SWIGLU's output is in use until its turn";
         }
     }
     pack = with;
-    return true;
+    return nullptr;
 }
 
 // The residual add after a dense matvec (an output projection's `ADD(projection, residual)`),
@@ -762,16 +799,17 @@ static bool residual_ready(const ggml_cgraph * cgraph, int run_at, const flashrt
     }
     for (int t = run_at; t < add; ++t) {
         const ggml_tensor * node = cgraph->nodes[t];
-        if (std::find(pack.nodes, pack.nodes + pack.n, t) == pack.nodes + pack.n && node->data != nullptr &&
-            flashrt_overlaps(node, residual)) {
+        if (std::find(pack.nodes, pack.nodes + pack.n, t) == pack.nodes + pack.n && !is_pack_reshape(cgraph, pack, node) &&
+            node->data != nullptr && flashrt_overlaps(node, residual)) {
             return false;
         }
     }
     return true;
 }
 
-// Adds to `pack` the ADD nodes of residuals after its dense matvecs (residual_ready), each only when
-// its output can be written at node i. Returns whether it added any.
+// Adds to `pack` the ADD nodes of residuals after its dense matvecs (residual_ready), read directly
+// or through a RESHAPE that keeps the rows (left to the loop: a view), each only when its output can
+// be written at node i. Returns whether it added any.
 static bool add_residual_adds(const ggml_cgraph * cgraph, int i, const ggml_tensor * x, flashrt_gemv_pack & pack) {
     const int end   = std::min(cgraph->n_nodes, i + 1 + flashrt_gemv_lookahead);
     bool      added = false;
@@ -783,18 +821,32 @@ static bool add_residual_adds(const ggml_cgraph * cgraph, int i, const ggml_tens
             pack.n == FRT_GEMV_MAX_SEGMENTS || pack.n - 1 >= FLASHRT_MAX_CLAIMED) {
             continue;
         }
-        const int user = first_reader(cgraph, at, end);
+        int user = first_reader(cgraph, at, end);
         if (user < 0) {
             continue;
         }
+        // The matvec as the ADD reads it: itself, or a RESHAPE of it that keeps its rows, read once.
+        const ggml_tensor * value = mm;
+        if (cgraph->nodes[user]->op == GGML_OP_RESHAPE) {
+            const ggml_tensor * reshape = cgraph->nodes[user];
+            if (reshape->ne[0] != mm->ne[0] || !ggml_is_contiguous(mm) || !ggml_is_contiguous(reshape) ||
+                !ggml_node_has_n_uses(cgraph, user, 1)) {
+                continue;
+            }
+            value = reshape;
+            user  = first_reader(cgraph, user, end);
+            if (user < 0) {
+                continue;
+            }
+        }
         const ggml_tensor * add = cgraph->nodes[user];
-        if (add->op != GGML_OP_ADD || (add->src[0] == mm) == (add->src[1] == mm)) {
+        if (add->op != GGML_OP_ADD || (add->src[0] == value) == (add->src[1] == value)) {
             continue;
         }
-        const ggml_tensor * residual = add->src[0] == mm ? add->src[1] : add->src[0];
-        if (residual->type != GGML_TYPE_F32 || !ggml_are_same_shape(residual, mm) || residual->nb[0] != sizeof(float) ||
+        const ggml_tensor * residual = add->src[0] == value ? add->src[1] : add->src[0];
+        if (residual->type != GGML_TYPE_F32 || !ggml_are_same_shape(residual, value) || residual->nb[0] != sizeof(float) ||
             residual->data == nullptr || is_pack_node(cgraph, pack, residual) || add->type != GGML_TYPE_F32 ||
-            !ggml_are_same_shape(add, mm) || add->nb[0] != sizeof(float) || (add->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+            !ggml_are_same_shape(add, value) || add->nb[0] != sizeof(float) || (add->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
             continue;
         }
         flashrt_gemv_pack with = pack;
@@ -840,9 +892,18 @@ const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, fl
     pack = safe;
     // Gate/up pairs that feed SWIGLUs: the launch computes the SWIGLUs too, as stock fuses them.
     flashrt_gemv_pack with_glu = pack;
-    if (add_glu_nodes(cgraph, i, input, with_glu) && kernel_miss(cgraph, with_glu) == nullptr) {
-        pack = with_glu;
-        return nullptr;
+    const char *      glu_miss = add_glu_nodes(cgraph, i, input, with_glu);
+    if (glu_miss == nullptr) {
+        glu_miss = kernel_miss(cgraph, with_glu);
+        if (glu_miss == nullptr) {
+            pack = with_glu;
+            return nullptr;
+        }
+    }
+    if (flashrt_debug_enabled() && is_split_swiglu_reader(cgraph, pack)) {
+        // On stderr: llama-bench and the server silence ggml's log.
+        std::fprintf(stderr, "FlashRT: SwiGLU epilogue declined at node %d (%s): %s\n", i, cgraph->nodes[i]->name,
+                     glu_miss);
     }
     // Residual adds after its matvecs: the launch adds them, as stock fuses them.
     flashrt_gemv_pack with_adds = pack;
