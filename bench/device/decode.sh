@@ -11,12 +11,15 @@
 #            (switches in the environment reach the overlay's runs)
 #   bench    cargo xtask bench --rounds 3 (tg128, pp512, tg128@d8192), the default configuration;
 #            parity on the 4-layer model, then on the 40-layer one when under 7 minutes have passed
-# Usage (device, repository root): bench/device/decode.sh check|profile|bench
+#   debug    llama-bench tg4 on the synthetic qwen36 GGUF with GGML_FLASHRT_DEBUG=1 (each
+#            "declined" line on stderr, counted) and GGML_FLASHRT_DUMP (the decode graph's nodes
+#            in the overlay's order, with the window that takes each)
+# Usage (device, repository root): bench/device/decode.sh check|profile|bench|debug
 # Needs .xtask/device/ carried (see bench/README.md). Each phase prints a short table last and
 # leaves its files in $OUT.
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-phase=${1:?usage: decode.sh check|profile|bench}
+phase=${1:?usage: decode.sh check|profile|bench|debug}
 . bench/device/lib.sh
 device_setup "decode-$phase"
 # Few files come back from the device: whatever happens, everything in one archive plus the summary.
@@ -108,8 +111,18 @@ bench)
         say "parity (40-layer) skipped: $(( $(date +%s) - start )) s spent"
     fi
     ;;
+debug)
+    mkdir -p /tmp/models
+    [ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1
+    [ -x "$bin/llama-bench" ] || "$xtask" build --arch 90a --targets llama-bench > "$out/build.log" 2>&1
+    # GGML_FLASHRT_DUMP_MAX: the first graphs are the warm-up's and the prompt's; decode's follow.
+    GGML_FLASHRT_DEBUG=1 GGML_FLASHRT_DUMP="$out/graphs.tsv" GGML_FLASHRT_DUMP_MAX=6 \
+        "$bin/llama-bench" -m "$model" -ngl 99 -fa 1 -p 0 -n 4 -r 1 > "$out/debug.log" 2>&1 || say "llama-bench FAILED"
+    grep -E "declined|before its turn" "$out/debug.log" | sed 's/node [0-9]* /node N /' | sort | uniq -c | sort -rn \
+        | head -30 | tee -a "$out/summary.txt"
+    ;;
 *)
-    echo "usage: decode.sh check|profile|bench"; exit 2 ;;
+    echo "usage: decode.sh check|profile|bench|debug"; exit 2 ;;
 esac
 echo
 cat "$out/summary.txt"
