@@ -3,12 +3,12 @@
 // move right after it, so that ggml-alloc plans their outputs there and INPROJ, ATTNQKV and HEAD
 // can compute them in one launch; the shared expert's gate vector moves right after the router
 // (MATVEC: both F32, one launch) and its other matvecs right after the routed experts' gate/up,
-// which SHEXP_FOLD serves them with. Only for those windows when they run, and only for values of
-// one token (the windows' packs take one token): at 2-8 tokens (a server decoding several
-// sequences) the moves would only split the gate/up/GLU runs that stock fuses into one kernel.
-// One exception: with GDN on, a Gated DeltaNet layer's input projections move at up to 8 tokens
-// too (stock's kernels run them there), so that the layer's block is one run of nodes for GDN.
-// Stock's order otherwise.
+// which SHEXP_FOLD serves them with, their SWIGLU right after them (the launch writes it). Only for
+// those windows when they run, and only for values of one token (the windows' packs take one
+// token): at 2-8 tokens (a server decoding several sequences) the moves would only split the
+// gate/up/GLU runs that stock fuses into one kernel. One exception: with GDN on, a Gated DeltaNet
+// layer's input projections move at up to 8 tokens too (stock's kernels run them there), so that
+// the layer's block is one run of nodes for GDN. Stock's order otherwise.
 
 #include "flashrt.cuh"
 #include "registry.cuh"
@@ -52,6 +52,28 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
             groups.push_back(std::move(group));
         }
     };
+    // The SWIGLUs of a gate and an up among the group's members go right after them: planned at
+    // its node, the shared expert's SWIGLU took memory that the routed experts' values free (their
+    // SwiGLU, after the down projection reads it), so the pack could not write it early (the
+    // SwiGLU epilogue declined, 80 separate GLU launches a step where stock has 30).
+    const auto follow_with_swiglus = [&](flashrt_pull_group & group) {
+        const auto member = [&](const ggml_tensor * src) {
+            for (int m : group.members) {
+                if (cgraph->nodes[m] == src) {
+                    return true;
+                }
+            }
+            return false;
+        };
+        const int last = group.members.back();
+        for (int j = last + 1; j < n && j <= group.after + 400; ++j) {
+            const ggml_tensor * t = cgraph->nodes[j];
+            if (t->op == GGML_OP_GLU && ggml_get_glu_op(t) == GGML_GLU_OP_SWIGLU && t->src[1] != nullptr &&
+                member(t->src[0]) && member(t->src[1])) {
+                group.members.push_back(j);
+            }
+        }
+    };
     const auto named = [](const ggml_tensor * w, const char * part) { return std::strstr(w->name, part) != nullptr; };
     const auto one_token = [](const ggml_tensor * v) { return v->ne[1] == 1 && v->ne[2] == 1 && v->ne[3] == 1; };
     const auto few_tokens = [](const ggml_tensor * v) { return v->ne[1] <= 8 && v->ne[2] == 1 && v->ne[3] == 1; };
@@ -76,6 +98,9 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
             pull(i, underlying(t->src[1]), [&](const ggml_tensor * w) {
                 return named(w, "_shexp") && !(matvec && named(w, "ffn_gate_inp_shexp"));
             });
+            if (!groups.empty() && groups.back().after == i) {
+                follow_with_swiglus(groups.back());
+            }
         }
     }
     if (groups.empty()) {

@@ -829,8 +829,9 @@ static bool add_residual_adds(const ggml_cgraph * cgraph, int i, const ggml_tens
         const ggml_tensor * value = mm;
         if (cgraph->nodes[user]->op == GGML_OP_RESHAPE) {
             const ggml_tensor * reshape = cgraph->nodes[user];
+            // (ggml_node_has_n_uses refuses every view; the matvec's own single use is the RESHAPE.)
             if (reshape->ne[0] != mm->ne[0] || !ggml_is_contiguous(mm) || !ggml_is_contiguous(reshape) ||
-                !ggml_node_has_n_uses(cgraph, user, 1)) {
+                ggml_node_get_use_count(cgraph, user) != 1 || (reshape->flags & GGML_TENSOR_FLAG_OUTPUT)) {
                 continue;
             }
             value = reshape;
