@@ -75,9 +75,15 @@ struct stats_at_exit {
                      begins ? stats.begin_ns.load() / 1e3 / begins : 0.0);
         int n_windows = 0;
         const flashrt_window * windows = flashrt_windows(&n_windows);
+        // Host time per window and graph evaluation: where the node-loop hook's time goes.
+        const auto per_graph_us = [graphs](const std::atomic<uint64_t> & ns) {
+            return graphs ? ns.load() / 1e3 / graphs : 0.0;
+        };
         for (int w = 0; w < n_windows && w < FLASHRT_MAX_WINDOWS; ++w) {
-            std::fprintf(stderr, "FlashRT stats:   %-24s hits %8llu  nodes %8llu\n", windows[w].name,
-                         (unsigned long long) stats.hits[w].load(), (unsigned long long) stats.covered[w].load());
+            std::fprintf(stderr, "FlashRT stats:   %-24s hits %8llu  nodes %8llu  predicate %8.1f us  run %8.1f us a graph evaluation\n",
+                         windows[w].name, (unsigned long long) stats.hits[w].load(),
+                         (unsigned long long) stats.covered[w].load(), per_graph_us(stats.match_ns[w]),
+                         per_graph_us(stats.run_ns[w]));
         }
         std::fprintf(stderr, "FlashRT stats: repack cache %llu tensor(s), %.2f MiB; %llu conversion(s) per use; "
                      "%llu tensor(s), %.2f MiB refused (device memory short)\n",

@@ -26,6 +26,8 @@ struct flashrt_stats {
     std::atomic<uint64_t> nodes_covered{ 0 };  // of which windows ran
     std::atomic<uint64_t> hits[FLASHRT_MAX_WINDOWS] = {};
     std::atomic<uint64_t> covered[FLASHRT_MAX_WINDOWS] = {};
+    std::atomic<uint64_t> match_ns[FLASHRT_MAX_WINDOWS] = {};  // host time in each window's predicate
+    std::atomic<uint64_t> run_ns[FLASHRT_MAX_WINDOWS] = {};    // and in its runs (planning, launches)
     std::atomic<uint64_t> repack_tensors{ 0 };  // weights put into the repack cache
     std::atomic<uint64_t> repack_bytes{ 0 };    // their size in the cache
     std::atomic<uint64_t> repack_per_use{ 0 };  // conversions made at run time instead (not cached)

@@ -85,14 +85,56 @@ bool flashrt_window_runs(const char * name, int cc) {
     return ws != nullptr && ws->enabled && cc >= ws->window->min_cc;
 }
 
-// The enabled window that matches at node i for a device of compute capability cc, if any.
+static uint64_t elapsed_ns(std::chrono::steady_clock::time_point start) {
+    return (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+        .count();
+}
+
+// Calls f; under FRT_STATS adds its host time to `total`.
+template <typename F> static void timed(std::atomic<uint64_t> & total, F && f) {
+    if (!flashrt_stats_enabled()) {
+        f();
+        return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    total += elapsed_ns(start);
+}
+
+// Whether match m at node i would cover or claim one of `taken` (ascending): nodes an earlier window
+// of the pass claimed. That window computes them, or folds them into its launch and never writes
+// their sources (an ADD's matvec), so a second window must not take them.
+static bool covers_taken(const flashrt_match & m, int i, const std::vector<int> & taken) {
+    const auto any_in = [&taken](int lo, int hi) {
+        const auto it = std::lower_bound(taken.begin(), taken.end(), lo);
+        return it != taken.end() && *it < hi;
+    };
+    if (m.deferred()) {
+        return any_in(i, i + m.head) || any_in(m.run_at, m.run_at + m.tail);
+    }
+    if (any_in(i, i + m.n_nodes)) {
+        return true;
+    }
+    for (int k = 0; k < m.n_claimed; ++k) {
+        if (std::binary_search(taken.begin(), taken.end(), m.claimed[k])) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// The enabled window that matches at node i for a device of compute capability cc, if any, and
+// takes none of the nodes in `taken`.
 static const flashrt_window_state * find_window(const ggml_cgraph * cgraph, int i, int cc, flashrt_match & m,
-                                               bool report) {
+                                               bool report, const std::vector<int> & taken) {
     for (const flashrt_window_state & ws : runtime().windows) {
         if (!ws.enabled || cc < ws.window->min_cc) {
             continue;
         }
-        m = ws.window->match(cgraph, i);
+        timed(flashrt_global_stats().match_ns[ws.index], [&] { m = ws.window->match(cgraph, i); });
+        if (m.hit() && !taken.empty() && covers_taken(m, i, taken)) {
+            m = flashrt_miss("a node of the run is claimed by an earlier window");
+        }
         if (m.hit()) {
             return &ws;
         }
@@ -114,7 +156,7 @@ static std::vector<const char *> dump_labels(const ggml_cgraph * cgraph) {
         }
         flashrt_match m;
         // Every registered window counts here, whatever the device: the dump describes the graph.
-        const flashrt_window_state * ws = find_window(cgraph, i, INT_MAX, m, false);
+        const flashrt_window_state * ws = find_window(cgraph, i, INT_MAX, m, false, {});
         if (ws == nullptr) {
             continue;
         }
@@ -203,11 +245,6 @@ static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph *
     }
 }
 
-static uint64_t elapsed_ns(std::chrono::steady_clock::time_point start) {
-    return (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-        .count();
-}
-
 void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop) {
     if (runtime().disabled) {
         return;
@@ -285,7 +322,8 @@ static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int
         const claim c = claimed.front();
         claimed.erase(claimed.begin());
         if (c.runs_there) {
-            c.window->window->run_claimed(ctx, cgraph, c.anchor, c.match, i);
+            timed(stats.run_ns[c.window->index],
+                  [&] { c.window->window->run_claimed(ctx, cgraph, c.anchor, c.match, i); });
         }
         stats.nodes++;
         stats.nodes_covered++;
@@ -307,7 +345,7 @@ static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int
             return 0;
         }
         const flashrt_window_state * ws = pending.window;
-        ws->window->run(ctx, cgraph, pending.anchor, pending.match);
+        timed(stats.run_ns[ws->index], [&] { ws->window->run(ctx, cgraph, pending.anchor, pending.match); });
         const int tail = pending.match.tail;
         pending = flashrt_pending_window();
         stats.nodes += tail;
@@ -319,7 +357,12 @@ static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int
 
     flashrt_match m;
     const int cc = ggml_cuda_info().devices[ctx.device].cc;
-    const flashrt_window_state * ws = find_window(cgraph, i, cc, m, flashrt_debug_enabled());
+    thread_local std::vector<int> taken;
+    taken.clear();
+    for (const claim & c : claimed) {
+        taken.push_back(c.node);
+    }
+    const flashrt_window_state * ws = find_window(cgraph, i, cc, m, flashrt_debug_enabled(), taken);
     if (ws == nullptr) {
         stats.nodes++;
         pass_last = i;
@@ -338,7 +381,7 @@ static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int
         pass_last = i + m.head - 1;
         return m.head;
     }
-    ws->window->run(ctx, cgraph, i, m);
+    timed(stats.run_ns[ws->index], [&] { ws->window->run(ctx, cgraph, i, m); });
     for (int k = 0; k < m.n_claimed; ++k) {
         GGML_ASSERT(m.claimed[k] >= i + m.n_nodes && (k == 0 || m.claimed[k] > m.claimed[k - 1]));
         GGML_ASSERT(!m.claimed_runs_there[k] || ws->window->run_claimed != nullptr);

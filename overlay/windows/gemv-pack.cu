@@ -845,6 +845,11 @@ static bool add_residual_adds(const ggml_cgraph * cgraph, int i, const ggml_tens
             continue;
         }
         const ggml_tensor * residual = add->src[0] == value ? add->src[1] : add->src[0];
+        if (value != mm && residual->op == GGML_OP_NONE) {
+            // Through a RESHAPE, a residual stream only (a computed value): a Gated DeltaNet
+            // layer's alpha also reaches ADD(., dt bias) through one, inside GDN's block.
+            continue;
+        }
         if (residual->type != GGML_TYPE_F32 || !ggml_are_same_shape(residual, value) || residual->nb[0] != sizeof(float) ||
             residual->data == nullptr || is_pack_node(cgraph, pack, residual) || add->type != GGML_TYPE_F32 ||
             !ggml_are_same_shape(add, value) || add->nb[0] != sizeof(float) || (add->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {

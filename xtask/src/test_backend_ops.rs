@@ -227,7 +227,7 @@ fn summarize(output: &str) -> Summary {
         } else if let Some(stats) = trimmed.strip_prefix("FlashRT stats:") {
             lines.push(trimmed.to_owned());
             let words: Vec<&str> = stats.split_whitespace().collect();
-            if let [name, "hits", hits, "nodes", _] = words.as_slice() {
+            if let [name, "hits", hits, "nodes", _, ..] = words.as_slice() {
                 if let Ok(hits) = hits.parse() {
                     window_hits.push(((*name).to_owned(), hits));
                 }
@@ -267,7 +267,7 @@ mod tests {
         FLASHRT_GDN_GATED_NORM(ne=[128,32,1,1]): \u{1b}[1;32mOK\u{1b}[0m\n  \
         15/15 tests passed\n  Backend CUDA0: \u{1b}[1;32mOK\u{1b}[0m\n2/2 backends passed\n\
         FlashRT stats: 15 graph evaluation(s), 90 compute nodes, 40 covered by windows (44.4%)\n\
-        FlashRT stats:   GDN_GATED_NORM           hits       13  nodes       52\n\
+        FlashRT stats:   GDN_GATED_NORM           hits       13  nodes       52  predicate     12.5 us  run     30.1 us a graph evaluation\n\
         FlashRT stats:   OTHER_WINDOW             hits        0  nodes        0\n";
 
     #[test]
