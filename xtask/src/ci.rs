@@ -464,7 +464,7 @@ fn smoke_cpu(sh: &Shell, project: &Project, built: &build::Built) -> Result<()> 
 }
 
 /// llama-server on `model` under a small concurrent load (serve-check on the CPU build): every
-/// request answered, hung up on or refused as planned, the server alive, its memory flat.
+/// request answered, hung up on or refused as planned, the server alive.
 fn serve_small(server: &Path, model: &Path, logs: &Path) -> Result<()> {
     let load = Load {
         slots: 2,

@@ -4,11 +4,12 @@
 //! and go mid-step, clients hang up, prompts do not fit. This command starts llama-server (the
 //! overlay build) once per mode, stock (`GGML_CUDA_FLASHRT_DISABLE=1`) then the overlay, sends
 //! the same planned requests in concurrent rounds, and checks per mode that nothing is lost: every
-//! request answered (or refused, for the prompt that does not fit), no error, the server alive and
-//! its memory flat across rounds. Greedy answers are compared with a one-request-at-a-time stock
-//! run: batch composition changes rounding, so stock under load does not agree with itself on
-//! every request, and the overlay passes when its agreement is within two binomial standard
-//! deviations of stock's.
+//! request answered (or refused, for the prompt that does not fit), no error, the server alive.
+//! Greedy answers are compared with a one-request-at-a-time stock run: batch composition changes
+//! rounding, so stock under load does not agree with itself on every request, and the overlay
+//! passes when its agreement is within two binomial standard deviations of stock's. Resident
+//! memory is read after each round: stock's llama-server grows under this load by itself, so the
+//! overlay's growth is judged against stock's.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -336,13 +337,21 @@ pub fn agreement_floor(stock: &Tally) -> f64 {
     p - 2.0 * (p * (1.0 - p) / n).sqrt()
 }
 
-/// Memory may grow from the first round to the last by 5% or 64 MiB, whichever is more (allocator
-/// noise; a leak per request grows with every round).
-pub fn memory_flat(resident: &[u64]) -> bool {
+/// Resident memory growth from the first round to the last, bytes (0 when it shrank).
+pub fn memory_growth(resident: &[u64]) -> u64 {
     match (resident.first(), resident.last()) {
-        (Some(&first), Some(&last)) => last <= first + (first / 20).max(64 << 20),
-        _ => true,
+        (Some(&first), Some(&last)) => last.saturating_sub(first),
+        _ => 0,
     }
+}
+
+/// Whether the overlay's server grew no more than stock's under the same load, give or take 5% of
+/// its first reading or 64 MiB, whichever is more (allocator noise). Stock's llama-server grows by
+/// itself under this load (on the H200 ~65 MiB a round of 256 requests, with its prompt cache
+/// off): a leak of the overlay's shows as growth beyond it.
+pub fn memory_no_worse(stock: &[u64], overlay: &[u64]) -> bool {
+    let slack = (overlay.first().copied().unwrap_or(0) / 20).max(64 << 20);
+    memory_growth(overlay) <= memory_growth(stock) + slack
 }
 
 /// Why a mode fails, if it does (empty: it passes).
@@ -360,13 +369,6 @@ pub fn problems(t: &Tally, alive: bool) -> Vec<String> {
     }
     if t.lost > 0 {
         out.push(format!("{} request(s) lost", t.lost));
-    }
-    if !memory_flat(&t.resident_after_round) {
-        out.push(format!(
-            "resident memory grew from {} to {} MiB over the rounds",
-            t.resident_after_round.first().unwrap_or(&0) >> 20,
-            t.resident_after_round.last().unwrap_or(&0) >> 20
-        ));
     }
     out
 }
@@ -718,6 +720,13 @@ pub fn check(
     ) {
         (Some((_, stock)), Some((_, overlay))) => {
             let floor = agreement_floor(stock);
+            if !memory_no_worse(&stock.resident_after_round, &overlay.resident_after_round) {
+                verdict.push(format!(
+                    "overlay: resident memory grew by {} MiB over the rounds, stock's by {} MiB",
+                    memory_growth(&overlay.resident_after_round) >> 20,
+                    memory_growth(&stock.resident_after_round) >> 20
+                ));
+            }
             if overlay.agreement() < floor {
                 verdict.push(format!(
                     "overlay: agreement with the reference {:.3} is below stock's {:.3} less two standard deviations ({:.3})",
@@ -776,6 +785,7 @@ pub fn markdown(r: &Report, device: &str, model: &Path) -> String {
     }
     if let Some(floor) = r.agreement_floor {
         s += &format!("\nThe overlay's agreement must be at least {floor:.3} (stock's less two binomial standard deviations).\n");
+        s += "Its resident memory may grow over the rounds no more than stock's, give or take 5% or 64 MiB.\n";
     }
     if let (Some((_, stock)), Some((_, overlay))) = (
         r.modes.iter().find(|m| m.0 == "stock"),
@@ -1071,14 +1081,26 @@ mod tests {
     }
 
     #[test]
-    fn memory_may_wobble_but_not_grow_round_after_round() {
+    fn the_overlay_may_grow_as_much_as_stock_but_no_more() {
         let mib = 1u64 << 20;
-        assert!(memory_flat(&[1000 * mib, 1040 * mib, 1049 * mib]));
-        assert!(!memory_flat(&[1000 * mib, 1100 * mib, 1200 * mib]));
-        // Small servers: 64 MiB of slack.
-        assert!(memory_flat(&[100 * mib, 160 * mib]));
-        assert!(!memory_flat(&[100 * mib, 170 * mib]));
-        assert!(memory_flat(&[]));
+        let stock = [1000 * mib, 1065 * mib, 1130 * mib, 1195 * mib];
+        assert_eq!(memory_growth(&stock), 195 * mib);
+        assert_eq!(memory_growth(&[1000 * mib, 900 * mib]), 0);
+        assert_eq!(memory_growth(&[]), 0);
+        // As much as stock, and within the slack (5% of 1000 MiB) beyond it.
+        assert!(memory_no_worse(
+            &stock,
+            &[1000 * mib, 1100 * mib, 1195 * mib]
+        ));
+        assert!(memory_no_worse(&stock, &[1000 * mib, 1245 * mib]));
+        assert!(!memory_no_worse(
+            &stock,
+            &[1000 * mib, 1200 * mib, 1400 * mib]
+        ));
+        // Small servers: 64 MiB of slack; a flat stock leaves only that.
+        let flat = [100 * mib, 100 * mib];
+        assert!(memory_no_worse(&flat, &[100 * mib, 164 * mib]));
+        assert!(!memory_no_worse(&flat, &[100 * mib, 170 * mib]));
     }
 
     #[test]
