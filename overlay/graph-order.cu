@@ -1,7 +1,7 @@
 // The node order the decode GEMV packs need (reorder.h says why): the dense matvecs that read one
-// normed value (a Gated DeltaNet layer's input projections, an attention layer's q/k/v, the LM head)
-// move right after it, so that ggml-alloc plans their outputs there and INPROJ, ATTNQKV and HEAD
-// can compute them in one launch; the shared expert's gate vector moves right after the router
+// normed value (a Gated DeltaNet layer's input projections, an attention layer's q/k/v, the LM head,
+// an MoE FFN's router and shared-expert gate vector) move right after it, so that ggml-alloc plans
+// their outputs there and INPROJ, ATTNQKV, HEAD and ROUTER can compute them in one launch; the shared expert's gate vector moves right after the router
 // (MATVEC: both F32, one launch) and its other matvecs right after the routed experts' gate/up,
 // which SHEXP_FOLD serves them with, their SWIGLU right after them (the launch writes it). Only for
 // those windows when they run, and only for values of one token (the windows' packs take one
@@ -33,7 +33,7 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
     const bool matvec = flashrt_window_runs("MATVEC", cc);
     const bool gdn    = flashrt_window_runs("GDN", cc);
     if (!flashrt_window_runs("INPROJ", cc) && !flashrt_window_runs("ATTNQKV", cc) &&
-        !flashrt_window_runs("HEAD", cc) && !fold && !matvec && !gdn) {
+        !flashrt_window_runs("HEAD", cc) && !flashrt_window_runs("ROUTER", cc) && !fold && !matvec && !gdn) {
         return;
     }
     const int n = cgraph->n_nodes;

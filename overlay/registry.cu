@@ -5,6 +5,7 @@
 #include "windows/head.cuh"
 #include "windows/inproj.cuh"
 #include "windows/matvec.cuh"
+#include "windows/router.cuh"
 #include "windows/shexp-fold.cuh"
 #include "windows/shexp-gate.cuh"
 
@@ -26,6 +27,9 @@ static const flashrt_window flashrt_registry[] = {
     { "ATTNQKV", flashrt_tier::safe, 900, flashrt_match_attnqkv, flashrt_run_attnqkv, flashrt_prepare_attnqkv,
       flashrt_run_claimed_attnqkv },
     { "HEAD", flashrt_tier::safe, 900, flashrt_match_head, flashrt_run_head, flashrt_prepare_head, flashrt_run_claimed_head },
+    // full until measured on a GPU (FRT_ROUTER_SWAP=1 turns it on).
+    { "ROUTER", flashrt_tier::full, 900, flashrt_match_router, flashrt_run_router, flashrt_prepare_router,
+      flashrt_run_claimed_router },
     // Before MATVEC: at the experts' gate/up it takes the shared expert along (MATVEC leaves it).
     { "SHEXP_FOLD", flashrt_tier::safe, 900, flashrt_match_shexp_fold, flashrt_run_shexp_fold,
       flashrt_prepare_shexp_fold },

@@ -7,7 +7,7 @@
 #   gemv_windows        the decode GEMV windows, for FRT_<NAME>_SWAP=1
 
 # The decode GEMV windows (tier safe since the exact kernel: parity-clean and faster).
-gemv_windows=(INPROJ ATTNQKV HEAD SHEXP_FOLD MATVEC)
+gemv_windows=(INPROJ ATTNQKV HEAD ROUTER SHEXP_FOLD MATVEC)
 
 device_setup() {
     out=${OUT:-/tmp/$1}

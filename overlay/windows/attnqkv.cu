@@ -13,11 +13,11 @@ flashrt_match flashrt_match_attnqkv(const ggml_cgraph * cgraph, int i) {
 }
 
 void flashrt_run_attnqkv(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
-    flashrt_gemv_run_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, true), "ATTNQKV");
+    flashrt_gemv_run_pack(ctx, cgraph, flashrt_gemv_pack_of(cgraph, m, i, true), "ATTNQKV");
 }
 
 void flashrt_prepare_attnqkv(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m) {
-    flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, true));
+    flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(cgraph, m, i, true));
 }
 
 void flashrt_run_claimed_attnqkv(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m,

@@ -202,6 +202,37 @@ static bool same_launch(const ggml_tensor * a, const ggml_tensor * b) {
     return a->op == b->op && (a->op != GGML_OP_MUL_MAT_ID || a->src[2] == b->src[2]);
 }
 
+// Whether nodes other than the pack's matvecs read node `value` (the normed value of a norm pack).
+static bool read_beyond_pack(const ggml_cgraph * cgraph, int value, const flashrt_gemv_pack & pack) {
+    int in_pack = 0;
+    for (int p = 0; p < pack.n; ++p) {
+        in_pack += cgraph->nodes[pack.nodes[p]]->src[1] == cgraph->nodes[value] ? 1 : 0;
+    }
+    return ggml_node_get_use_count(cgraph, value) > in_pack;
+}
+
+// The dense matvecs of `window`'s weights that read node `value` first, in node order, up to its
+// first other reader.
+static const char * collect_leading_consumers(const ggml_cgraph * cgraph, int value, const char * window,
+                                              flashrt_gemv_pack & pack) {
+    const ggml_tensor * v = cgraph->nodes[value];
+    pack = flashrt_gemv_pack();
+    const int end = std::min(cgraph->n_nodes, value + 1 + flashrt_gemv_lookahead);
+    for (int j = value + 1; j < end && pack.n < FRT_GEMV_MAX_SEGMENTS; ++j) {
+        const ggml_tensor * t = cgraph->nodes[j];
+        if (std::find(std::begin(t->src), std::end(t->src), v) == std::end(t->src)) {
+            continue;
+        }
+        const char * of = t->op == GGML_OP_MUL_MAT ? flashrt_gemv_norm_pack_window(t->src[0]) : nullptr;
+        if (of == nullptr || std::strcmp(of, window) != 0 || t->src[1] != v ||
+            flashrt_gemv_segment_miss(t, v) != nullptr) {
+            break;
+        }
+        pack.nodes[pack.n++] = j;
+    }
+    return pack.n == 0 ? "no matvec of the window reads the normed value first" : nullptr;
+}
+
 const char * flashrt_gemv_collect_all_consumers(const ggml_cgraph * cgraph, int value, flashrt_gemv_pack & pack) {
     const ggml_tensor * v = cgraph->nodes[value];
     pack = flashrt_gemv_pack();
@@ -395,7 +426,7 @@ flashrt_match flashrt_gemv_match(const flashrt_gemv_pack & pack, int i, int n_no
     return m;
 }
 
-flashrt_gemv_pack flashrt_gemv_pack_of(const flashrt_match & m, int i, bool norm_folded) {
+flashrt_gemv_pack flashrt_gemv_pack_of(const ggml_cgraph * cgraph, const flashrt_match & m, int i, bool norm_folded) {
     flashrt_gemv_pack pack;
     if (norm_folded) {
         pack.norm = i;
@@ -408,6 +439,7 @@ flashrt_gemv_pack flashrt_gemv_pack_of(const flashrt_match & m, int i, bool norm
         pack.there[pack.n] = m.claimed_runs_there[k];
         pack.nodes[pack.n++] = m.claimed[k];
     }
+    pack.keep_normed = norm_folded && read_beyond_pack(cgraph, i + 1, pack);
     return pack;
 }
 
@@ -427,8 +459,9 @@ static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
     }
     a.x = (const float *) x->data;
     a.k = (int) input->ne[0];
-    if (pack.norm >= 0 && (cgraph->nodes[pack.norm + 1]->flags & GGML_TENSOR_FLAG_OUTPUT)) {
-        // The graph keeps the normed value (llama.cpp's final norm): the launch writes it too.
+    if (pack.norm >= 0 && (pack.keep_normed || (cgraph->nodes[pack.norm + 1]->flags & GGML_TENSOR_FLAG_OUTPUT))) {
+        // The graph keeps the normed value (llama.cpp's final norm), or readers the pack does not
+        // take read it: the launch writes it too.
         const ggml_tensor * kept = cgraph->nodes[pack.norm + 1];
         a.x_normed = (float *) kept->data;
         a.x_normed_stride = kept->nb[1] / sizeof(float);
@@ -594,7 +627,8 @@ void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgrap
     }
 }
 
-const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack) {
+const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack,
+                                          const char * leading) {
     const ggml_tensor * norm = cgraph->nodes[i];
     if (norm->op != GGML_OP_RMS_NORM) {
         return flashrt_miss_anchor;
@@ -618,13 +652,16 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
     if ((norm->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || (mul->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
         return "the norm is not to be computed";
     }
-    if (const char * miss = flashrt_gemv_collect_all_consumers(cgraph, i + 1, pack)) {
+    if (const char * miss = leading != nullptr ? collect_leading_consumers(cgraph, i + 1, leading, pack)
+                                               : flashrt_gemv_collect_all_consumers(cgraph, i + 1, pack)) {
         return miss;
     }
-    pack.norm = i;
-    // A normed value the graph keeps is written by the launch itself, while its blocks still read
-    // the norm's input: apart from that input, the weight and every matvec's output.
-    const bool kept = (mul->flags & GGML_TENSOR_FLAG_OUTPUT) != 0;
+    pack.norm        = i;
+    pack.keep_normed = read_beyond_pack(cgraph, i + 1, pack);
+    // A normed value the graph keeps, or that later nodes read, is written by the launch itself,
+    // while its blocks still read the norm's input: apart from that input, the weight and every
+    // matvec's output.
+    const bool kept = pack.keep_normed || (mul->flags & GGML_TENSOR_FLAG_OUTPUT) != 0;
     if (kept) {
         if (!ggml_is_contiguous(mul) || flashrt_overlaps(mul, x) || flashrt_overlaps(mul, weight)) {
             return "memory: the kept normed value overlaps the norm's input";
@@ -655,6 +692,11 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
     }
     if (kept && std::all_of(pack.there, pack.there + pack.n, [](bool there) { return there; })) {
         return "the kept normed value needs a launch at the norm";
+    }
+    if (pack.keep_normed && std::any_of(pack.there, pack.there + pack.n, [](bool there) { return there; })) {
+        // A launch of its own later would write the normed value again, where its memory may be
+        // lent out by then.
+        return "memory: a matvec runs apart while other readers need the normed value";
     }
     return kernel_miss(cgraph, pack);
 }
@@ -937,6 +979,9 @@ const char * flashrt_gemv_norm_pack_window(const ggml_tensor * w) {
     }
     if (std::strcmp(w->name, "output.weight") == 0 || std::strcmp(w->name, "token_embd.weight") == 0) {
         return "HEAD";
+    }
+    if (any({ "ffn_gate_inp" })) {  // the router, and ffn_gate_inp_shexp: the shared expert's gate vector
+        return "ROUTER";
     }
     return nullptr;
 }

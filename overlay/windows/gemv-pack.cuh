@@ -18,6 +18,9 @@ struct flashrt_gemv_pack {
     // because the allocator lends its output's memory to nodes before it.
     bool there[FRT_GEMV_MAX_SEGMENTS] = {};
     int  norm = -1;                        // the RMS_NORM node folded into the prologue, or -1
+    // Norm-fed packs only: the launch writes the normed value too (the norm's weight MUL), for
+    // readers it does not take; it is written at the norm, where the MUL would compute it.
+    bool keep_normed = false;
 };
 
 // Decode only: at most this many tokens; larger batches run stock. The kernel takes up to
@@ -44,7 +47,7 @@ flashrt_match flashrt_gemv_match(const flashrt_gemv_pack & pack, int i, int n_no
 
 // The pack back from a match made by flashrt_gemv_match: the matvecs in the run (from i, when the
 // run is not a folded norm) and the claimed ones.
-flashrt_gemv_pack flashrt_gemv_pack_of(const flashrt_match & m, int i, bool norm_folded);
+flashrt_gemv_pack flashrt_gemv_pack_of(const ggml_cgraph * cgraph, const flashrt_match & m, int i, bool norm_folded);
 
 // Runs the pack's nodes computed at the anchor (not those computed there) on ctx.stream(): x is the launch input (the norm's input when folded).
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
@@ -59,8 +62,12 @@ void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgrap
                                const flashrt_gemv_pack & pack);
 
 // The pack of a norm-fed window at node i: RMS_NORM, its weight MUL, and every reader of the normed
-// value a dense matvec (the norm runs in the kernel's prologue). nullptr on a hit, else why not.
-const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack);
+// value a dense matvec (the norm runs in the kernel's prologue). With `leading` (a window name,
+// flashrt_gemv_norm_pack_window), only the dense matvecs of that window's weights that read the
+// normed value first, up to its first other reader; the launch keeps the normed value for the
+// rest (every matvec then in the launch at the norm). nullptr on a hit, else why not.
+const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, flashrt_gemv_pack & pack,
+                                          const char * leading = nullptr);
 
 // How a same-input pack treats dense matvecs that read the vectors of a routed-experts matvec (the
 // shared expert's gate and up read the FFN input that the experts' gate and up read).
@@ -77,7 +84,8 @@ const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, fl
 
 // The norm-fed window whose pack a matvec of weight `w` joins, by llama.cpp's GGUF tensor names:
 // "INPROJ" (a Gated DeltaNet layer's input projections), "ATTNQKV" (q/k/v), "HEAD" (the LM head,
-// or the token embeddings when tied), else nullptr. Also what the graph-optimize hook moves.
+// or the token embeddings when tied), "ROUTER" (an MoE FFN's router and shared-expert gate
+// vector), else nullptr. Also what the graph-optimize hook moves.
 const char * flashrt_gemv_norm_pack_window(const ggml_tensor * w);
 
 // Whether any weight of the pack belongs to `window` (flashrt_gemv_norm_pack_window): how the

@@ -14,11 +14,11 @@ flashrt_match flashrt_match_head(const ggml_cgraph * cgraph, int i) {
 }
 
 void flashrt_run_head(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
-    flashrt_gemv_run_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, true), "HEAD");
+    flashrt_gemv_run_pack(ctx, cgraph, flashrt_gemv_pack_of(cgraph, m, i, true), "HEAD");
 }
 
 void flashrt_prepare_head(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m) {
-    flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, true));
+    flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(cgraph, m, i, true));
 }
 
 void flashrt_run_claimed_head(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m,

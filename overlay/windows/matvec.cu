@@ -13,9 +13,9 @@ flashrt_match flashrt_match_matvec(const ggml_cgraph * cgraph, int i) {
 }
 
 void flashrt_run_matvec(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
-    flashrt_gemv_run_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, false), "MATVEC");
+    flashrt_gemv_run_pack(ctx, cgraph, flashrt_gemv_pack_of(cgraph, m, i, false), "MATVEC");
 }
 
 void flashrt_prepare_matvec(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m) {
-    flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, false));
+    flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(cgraph, m, i, false));
 }

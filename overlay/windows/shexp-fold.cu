@@ -10,10 +10,10 @@ flashrt_match flashrt_match_shexp_fold(const ggml_cgraph * cgraph, int i) {
 }
 
 void flashrt_run_shexp_fold(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
-    flashrt_gemv_run_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, false), "SHEXP_FOLD");
+    flashrt_gemv_run_pack(ctx, cgraph, flashrt_gemv_pack_of(cgraph, m, i, false), "SHEXP_FOLD");
 }
 
 void flashrt_prepare_shexp_fold(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
                                 const flashrt_match & m) {
-    flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(m, i, false));
+    flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(cgraph, m, i, false));
 }

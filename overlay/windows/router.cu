@@ -1,0 +1,24 @@
+#include "router.cuh"
+#include "gemv-pack.cuh"
+
+flashrt_match flashrt_match_router(const ggml_cgraph * cgraph, int i) {
+    flashrt_gemv_pack pack;
+    if (const char * miss = flashrt_gemv_match_norm_pack(cgraph, i, pack, "ROUTER")) {
+        return flashrt_miss(miss);
+    }
+    return flashrt_gemv_match(pack, i, 2);
+}
+
+void flashrt_run_router(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
+    flashrt_gemv_run_pack(ctx, cgraph, flashrt_gemv_pack_of(cgraph, m, i, true), "ROUTER");
+}
+
+void flashrt_prepare_router(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m) {
+    flashrt_gemv_prepare_pack(ctx, cgraph, flashrt_gemv_pack_of(cgraph, m, i, true));
+}
+
+void flashrt_run_claimed_router(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m,
+                                int node) {
+    GGML_UNUSED(m);
+    flashrt_gemv_run_there(ctx, cgraph, i, node, "ROUTER");
+}
