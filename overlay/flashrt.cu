@@ -127,8 +127,9 @@ static bool covers_taken(const flashrt_match & m, int i, const std::vector<int> 
 // takes none of the nodes in `taken`.
 static const flashrt_window_state * find_window(const ggml_cgraph * cgraph, int i, int cc, flashrt_match & m,
                                                bool report, const std::vector<int> & taken) {
+    const ggml_op op = cgraph->nodes[i]->op;
     for (const flashrt_window_state & ws : runtime().windows) {
-        if (!ws.enabled || cc < ws.window->min_cc) {
+        if (!ws.enabled || cc < ws.window->min_cc || (op != ws.window->anchors[0] && op != ws.window->anchors[1])) {
             continue;
         }
         timed(flashrt_global_stats().match_ns[ws.index], [&] { m = ws.window->match(cgraph, i); });

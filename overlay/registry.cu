@@ -15,25 +15,29 @@ const char * const flashrt_miss_anchor = "anchor op";
 // whatever matvecs they leave.
 static const flashrt_window flashrt_registry[] = {
     // Before GDN_GATED_NORM: it takes the gated norm along with the rest of the layer.
-    { "GDN", flashrt_tier::safe, 900, flashrt_match_gdn, flashrt_run_gdn, nullptr },
-    { "GDN_GATED_NORM", flashrt_tier::safe, 900, flashrt_match_gdn_gated_norm, flashrt_run_gdn_gated_norm, nullptr },
+    { "GDN", flashrt_tier::safe, 900, { GGML_OP_GET_ROWS, GGML_OP_COUNT },
+      flashrt_match_gdn, flashrt_run_gdn, nullptr },
+    { "GDN_GATED_NORM", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
+      flashrt_match_gdn_gated_norm, flashrt_run_gdn_gated_norm, nullptr },
     // full: no measured gain on qwen36 decode, and F16 gates differ from stock (docs/perf-notes.md).
-    { "SHEXP_GATE", flashrt_tier::full, 900, flashrt_match_shexp_gate, flashrt_run_shexp_gate,
-      flashrt_prepare_shexp_gate },
+    { "SHEXP_GATE", flashrt_tier::full, 900, { GGML_OP_MUL_MAT, GGML_OP_COUNT },
+      flashrt_match_shexp_gate, flashrt_run_shexp_gate, flashrt_prepare_shexp_gate },
     // safe: cargo xtask parity passes on the 4- and 40-layer models (the exact kernel inside the
     // layers is bit-identical to stock's matvecs) and tg128 is faster (docs/perf-notes.md).
-    { "INPROJ", flashrt_tier::safe, 900, flashrt_match_inproj, flashrt_run_inproj, flashrt_prepare_inproj,
-      flashrt_run_claimed_inproj },
-    { "ATTNQKV", flashrt_tier::safe, 900, flashrt_match_attnqkv, flashrt_run_attnqkv, flashrt_prepare_attnqkv,
-      flashrt_run_claimed_attnqkv },
-    { "HEAD", flashrt_tier::safe, 900, flashrt_match_head, flashrt_run_head, flashrt_prepare_head, flashrt_run_claimed_head },
+    { "INPROJ", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
+      flashrt_match_inproj, flashrt_run_inproj, flashrt_prepare_inproj, flashrt_run_claimed_inproj },
+    { "ATTNQKV", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
+      flashrt_match_attnqkv, flashrt_run_attnqkv, flashrt_prepare_attnqkv, flashrt_run_claimed_attnqkv },
+    { "HEAD", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
+      flashrt_match_head, flashrt_run_head, flashrt_prepare_head, flashrt_run_claimed_head },
     // full until measured on a GPU (FRT_ROUTER_SWAP=1 turns it on).
-    { "ROUTER", flashrt_tier::full, 900, flashrt_match_router, flashrt_run_router, flashrt_prepare_router,
-      flashrt_run_claimed_router },
+    { "ROUTER", flashrt_tier::full, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
+      flashrt_match_router, flashrt_run_router, flashrt_prepare_router, flashrt_run_claimed_router },
     // Before MATVEC: at the experts' gate/up it takes the shared expert along (MATVEC leaves it).
-    { "SHEXP_FOLD", flashrt_tier::safe, 900, flashrt_match_shexp_fold, flashrt_run_shexp_fold,
-      flashrt_prepare_shexp_fold },
-    { "MATVEC", flashrt_tier::safe, 900, flashrt_match_matvec, flashrt_run_matvec, flashrt_prepare_matvec },
+    { "SHEXP_FOLD", flashrt_tier::safe, 900, { GGML_OP_MUL_MAT_ID, GGML_OP_COUNT },
+      flashrt_match_shexp_fold, flashrt_run_shexp_fold, flashrt_prepare_shexp_fold },
+    { "MATVEC", flashrt_tier::safe, 900, { GGML_OP_MUL_MAT, GGML_OP_MUL_MAT_ID },
+      flashrt_match_matvec, flashrt_run_matvec, flashrt_prepare_matvec },
 };
 
 const flashrt_window * flashrt_windows(int * n_windows) {

@@ -66,6 +66,9 @@ struct flashrt_window {
     const char * name;    // switch key: GGML_FLASHRT_NO_<name>, FRT_<name>_SWAP
     flashrt_tier tier;
     int          min_cc;  // lowest compute capability its kernels are built for (ggml's numbering, 900 = sm_90)
+    // The ops its match can start at (GGML_OP_COUNT: none): the node loop asks the predicate only
+    // there, since it runs at every node of every uncaptured evaluation.
+    ggml_op      anchors[2];
     flashrt_match (*match)(const ggml_cgraph * cgraph, int i);
     // Runs the matched nodes on ctx.stream() (i is the node the match was made at, also when
     // deferred); capture-safe: no sync, no allocation outside ctx.pool().

@@ -7,7 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <unordered_map>
+#include <vector>
 
 // The block spans ~60 nodes, most of them views.
 static constexpr int max_block_nodes = 120;
@@ -305,14 +305,17 @@ flashrt_match flashrt_match_gdn(const ggml_cgraph * cgraph, int i) {
     // value of the run, and every view of one, has all its uses (ggml's use counts) inside the run.
     // Counted over the run's ~60 nodes, not the rest of the graph: at several sequences the
     // predicates run at every step (no CUDA graphs).
-    std::unordered_map<const ggml_tensor *, int> uses_in_run;
+    // (A sorted list, not a hash map: this runs at every uncaptured evaluation.)
+    thread_local std::vector<const ggml_tensor *> read_in_run;
+    read_in_run.clear();
     for (int u = i; u <= b.end; ++u) {
         for (const ggml_tensor * src : cgraph->nodes[u]->src) {
             if (src != nullptr) {
-                uses_in_run[src]++;
+                read_in_run.push_back(src);
             }
         }
     }
+    std::sort(read_in_run.begin(), read_in_run.end());
     for (int j = i; j <= b.end; ++j) {
         const ggml_tensor * t = cgraph->nodes[j];
         const bool intermediate = in_block(t) || (t->view_src != nullptr && in_block(t->view_src));
@@ -322,8 +325,8 @@ flashrt_match flashrt_match_gdn(const ggml_cgraph * cgraph, int i) {
         if (t->flags & GGML_TENSOR_FLAG_OUTPUT) {
             return flashrt_miss("an intermediate result is a graph output");
         }
-        const auto uses = uses_in_run.find(t);
-        if ((uses == uses_in_run.end() ? 0 : uses->second) != ggml_node_get_use_count(cgraph, j)) {
+        const auto uses = std::equal_range(read_in_run.begin(), read_in_run.end(), t);
+        if ((int) (uses.second - uses.first) != ggml_node_get_use_count(cgraph, j)) {
             return flashrt_miss("an intermediate result is read after the block");
         }
     }

@@ -642,6 +642,9 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
     }
     const ggml_tensor * weight = mul->src[0] == norm ? mul->src[1] : mul->src[0];
     const ggml_tensor * x = norm->src[0];
+    if (x->ne[1] > FLASHRT_GEMV_MAX_TOKENS) {
+        return "batch (more tokens than the decode GEMV windows take)";  // before any scan: prefill
+    }
     if (!ggml_node_has_n_uses(cgraph, i, 1)) {
         return "the norm is read by more than its MUL";
     }
