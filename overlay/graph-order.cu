@@ -6,7 +6,9 @@
 // which SHEXP_FOLD serves them with, their SWIGLU right after them (the launch writes it). Only for
 // those windows when they run, and only for values of one token (the windows' packs take one
 // token): at 2-8 tokens (a server decoding several sequences) the moves would only split the
-// gate/up/GLU runs that stock fuses into one kernel. One exception: with GDN on, a Gated DeltaNet
+// gate/up/GLU runs that stock fuses into one kernel. With MOE_TAIL on, the shared expert's down
+// projection moves right after the routed experts' (one token), so that the FFN's tail is one run
+// of nodes. One exception: with GDN on, a Gated DeltaNet
 // layer's input projections move at up to 8 tokens too (stock's kernels run them there), so that
 // the layer's block is one run of nodes for GDN. Stock's order otherwise.
 
@@ -32,8 +34,9 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
     const bool fold   = flashrt_window_runs("SHEXP_FOLD", cc);
     const bool matvec = flashrt_window_runs("MATVEC", cc);
     const bool gdn    = flashrt_window_runs("GDN", cc);
+    const bool tail   = flashrt_window_runs("MOE_TAIL", cc);
     if (!flashrt_window_runs("INPROJ", cc) && !flashrt_window_runs("ATTNQKV", cc) &&
-        !flashrt_window_runs("HEAD", cc) && !flashrt_window_runs("ROUTER", cc) && !fold && !matvec && !gdn) {
+        !flashrt_window_runs("HEAD", cc) && !flashrt_window_runs("ROUTER", cc) && !fold && !matvec && !gdn && !tail) {
         return;
     }
     const int n = cgraph->n_nodes;
@@ -100,6 +103,21 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
             });
             if (!groups.empty() && groups.back().after == i) {
                 follow_with_swiglus(groups.back());
+            }
+        }
+        if (tail && t->op == GGML_OP_MUL_MAT_ID && named(t->src[0], "ffn_down_exps") && t->src[2]->ne[1] == 1) {
+            // The shared expert's down projection right after the routed experts' (its input is
+            // ready there when SHEXP_FOLD moved its SwiGLU up), out of the way of MOE_TAIL's run.
+            flashrt_pull_group group{ i, {} };
+            for (int j = i + 1; j < n && j <= i + 400; ++j) {
+                const ggml_tensor * d = cgraph->nodes[j];
+                if (d->op == GGML_OP_MUL_MAT && named(d->src[0], "ffn_down_shexp")) {
+                    group.members.push_back(j);
+                    break;
+                }
+            }
+            if (!group.members.empty()) {
+                groups.push_back(std::move(group));
             }
         }
     }

@@ -5,6 +5,7 @@
 #include "windows/head.cuh"
 #include "windows/inproj.cuh"
 #include "windows/matvec.cuh"
+#include "windows/moe-tail.cuh"
 #include "windows/router.cuh"
 #include "windows/shexp-fold.cuh"
 #include "windows/shexp-gate.cuh"
@@ -38,6 +39,9 @@ static const flashrt_window flashrt_registry[] = {
       flashrt_match_shexp_fold, flashrt_run_shexp_fold, flashrt_prepare_shexp_fold },
     { "MATVEC", flashrt_tier::safe, 900, { GGML_OP_MUL_MAT, GGML_OP_MUL_MAT_ID },
       flashrt_match_matvec, flashrt_run_matvec, flashrt_prepare_matvec },
+    // full until measured on a GPU (FRT_MOE_TAIL_SWAP=1 turns it on).
+    { "MOE_TAIL", flashrt_tier::full, 900, { GGML_OP_MUL, GGML_OP_COUNT },
+      flashrt_match_moe_tail, flashrt_run_moe_tail, nullptr },
 };
 
 const flashrt_window * flashrt_windows(int * n_windows) {

@@ -1,0 +1,42 @@
+#include "moe-ffn-tail.cuh"
+#include "pdl.cuh"
+
+constexpr int moe_tail_threads = 256;  // moe_weighted_reduction_f32's block
+
+static __global__ void __launch_bounds__(moe_tail_threads) frt_moe_tail_kernel(const frt_moe_tail_args a) {
+    const int t   = blockIdx.x;
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    frt_pdl_wait();
+    if (col >= a.n_embd) {
+        frt_pdl_launch_dependents();
+        return;
+    }
+    const float * experts      = a.experts + t * a.experts_token + col;
+    const float * weights      = a.weights + t * a.weights_token;
+    const float * expert_scale = nullptr;  // moe_weighted_reduction_f32's, absent here: its 1.0f
+
+    // moe_weighted_reduction_f32, expression for expression (the compiler contracts it alike).
+    const float first_scale = expert_scale != nullptr ? expert_scale[0] : 1.0f;
+    float       sum         = (experts[0] * first_scale) * weights[0];
+    for (int k = 1; k < a.n_used; ++k) {
+        const float scale = expert_scale != nullptr ? expert_scale[k] : 1.0f;
+        sum += (experts[k * a.experts_slot] * scale) * weights[k];
+    }
+
+    // op_sigmoid, then op_mul and the two op_adds, each rounded as its own kernel rounds it.
+    const float g     = a.gate[t * a.gate_token];
+    const float sig   = 1.0f / (1.0f + expf(-g));
+    const float gated = __fmul_rn(a.shexp[t * a.shexp_token + col], sig);
+    const float ffn   = __fadd_rn(sum, gated);
+    const float out   = __fadd_rn(ffn, a.residual[t * a.residual_token + col]);
+    frt_pdl_launch_dependents();
+    a.out[t * a.out_token + col] = out;
+}
+
+cudaError_t frt_moe_tail(const frt_moe_tail_args & a, cudaStream_t stream) {
+    if (a.n_embd < 1 || a.tokens < 1 || a.n_used < 1 || a.n_used > FRT_MOE_TAIL_MAX_USED) {
+        return cudaErrorInvalidValue;
+    }
+    const dim3 grid(a.tokens, (a.n_embd + moe_tail_threads - 1) / moe_tail_threads);
+    return frt_launch(frt_moe_tail_kernel, grid, dim3(moe_tail_threads), 0, stream, a);
+}

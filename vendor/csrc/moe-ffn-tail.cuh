@@ -1,0 +1,41 @@
+#pragma once
+
+// The tail of a Qwen3.5/3.6 MoE FFN, per token and column c, in one kernel:
+//   moe   = sum over the n_used slots k of experts[k][c] * weights[k]   (slot 0 first)
+//   gated = shexp[c] * sigmoid(gate)
+//   out   = (moe + gated) + residual
+// Stock ggml-cuda runs it as four kernels: moe_weighted_reduction (its fused MUL + ADD chain), the
+// SIGMOID, the MUL and the fused pair of ADDs. Each value is computed with stock's expression, the
+// reduction as moe_weighted_reduction_f32 writes it and the rest rounded op by op (no contraction
+// across what stock computes in separate kernels), so the results match stock's.
+//
+// Plain pointers and strides (elements), no ggml types. Each output element reads only its own
+// column of the column-wise inputs, so `out` may alias one of them (the same column), never
+// `weights` or `gate`.
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+struct frt_moe_tail_args {
+    int n_embd;
+    int n_used;  // 1..FRT_MOE_TAIL_MAX_USED
+    int tokens;
+
+    const float * experts;  // slot k of token t at experts + t*experts_token + k*experts_slot
+    int64_t       experts_token, experts_slot;
+    const float * weights;  // [n_used] of token t at weights + t*weights_token
+    int64_t       weights_token;
+    const float * shexp;    // the shared expert's output, [n_embd] at shexp + t*shexp_token
+    int64_t       shexp_token;
+    const float * gate;     // its gate logit, one at gate + t*gate_token
+    int64_t       gate_token;
+    const float * residual;  // [n_embd] at residual + t*residual_token
+    int64_t       residual_token;
+    float *       out;       // [n_embd] at out + t*out_token
+    int64_t       out_token;
+};
+
+constexpr int FRT_MOE_TAIL_MAX_USED = 16;
+
+// Launches the kernel on `stream` (PDL when enabled); capture-safe. Returns the launch error.
+cudaError_t frt_moe_tail(const frt_moe_tail_args & args, cudaStream_t stream);
