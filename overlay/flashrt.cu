@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <list>
 #include <map>
 #include <mutex>
 #include <string>
@@ -183,8 +185,9 @@ struct flashrt_pending_window {
     flashrt_match        match;
 };
 
-// What identifies a graph for preparation: its nodes, their ops, and the memory they and their
-// weights sit at (FNV-1a). Decode runs the same graph every token; preparing it again is waste.
+// What identifies a graph for the windows: every node, its op, parameters, shape, strides, flags
+// and memory, and its sources and theirs (FNV-1a). The predicates read no more than that, so the
+// same signature finds the same windows.
 static uint64_t graph_signature(const ggml_cgraph * cgraph) {
     uint64_t h = 1469598103934665603ull;
     const auto mix = [&h](uint64_t v) {
@@ -196,16 +199,32 @@ static uint64_t graph_signature(const ggml_cgraph * cgraph) {
         const ggml_tensor * t = cgraph->nodes[i];
         mix((uint64_t) (uintptr_t) t);
         mix((uint64_t) t->op);
+        mix((uint64_t) t->flags);
         mix((uint64_t) (uintptr_t) t->data);
-        mix((uint64_t) (uintptr_t) (t->src[0] ? t->src[0]->data : nullptr));
+        mix((uint64_t) t->view_offs);
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+            mix((uint64_t) t->ne[d]);
+            mix((uint64_t) t->nb[d]);
+        }
+        for (int w = 0; w < 4; ++w) {
+            mix((uint64_t) (uint32_t) t->op_params[w]);
+        }
+        for (const ggml_tensor * src : t->src) {
+            mix((uint64_t) (uintptr_t) src);
+            mix((uint64_t) (uintptr_t) (src != nullptr ? src->data : nullptr));
+        }
     }
     return h;
 }
 
-// The graph each context prepared last. Never destroyed: a context may outlive static destructors.
+// How many graphs a context remembers as prepared, and a node-loop thread keeps the windows of:
+// a server alternates a few batch shapes, each its own graph.
+constexpr size_t flashrt_graphs_remembered = 8;
+
+// The graphs each context prepared last. Never destroyed: a context may outlive static destructors.
 struct flashrt_prepared_graphs {
-    std::mutex                                                 mutex;
-    std::map<const ggml_backend_cuda_context *, uint64_t> signature;
+    std::mutex                                                          mutex;
+    std::map<const ggml_backend_cuda_context *, std::deque<uint64_t>> signatures;
 };
 
 static flashrt_prepared_graphs & prepared_graphs() {
@@ -213,16 +232,20 @@ static flashrt_prepared_graphs & prepared_graphs() {
     return *p;
 }
 
-// Whether ctx last prepared this very graph (and remember it).
+// Whether ctx prepared this very graph recently (and remember it). The repack cache keeps what a
+// preparation put in it, so a graph seen again needs none.
 static bool already_prepared(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph) {
     const uint64_t signature = graph_signature(cgraph);
     flashrt_prepared_graphs & p = prepared_graphs();
     std::lock_guard<std::mutex> lock(p.mutex);
-    auto it = p.signature.find(&ctx);
-    if (it != p.signature.end() && it->second == signature) {
+    std::deque<uint64_t> & seen = p.signatures[&ctx];
+    if (std::find(seen.begin(), seen.end(), signature) != seen.end()) {
         return true;
     }
-    p.signature[&ctx] = signature;
+    seen.push_front(signature);
+    if (seen.size() > flashrt_graphs_remembered) {
+        seen.pop_back();
+    }
     return false;
 }
 
@@ -238,6 +261,10 @@ static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph *
             continue;
         }
         for (int i = 0; i < cgraph->n_nodes; ++i) {
+            const ggml_op op = cgraph->nodes[i]->op;
+            if (op != ws.window->anchors[0] && op != ws.window->anchors[1]) {
+                continue;
+            }
             const flashrt_match m = ws.window->match(cgraph, i);
             if (m.hit()) {
                 ws.window->prepare(ctx, cgraph, i, m);
@@ -265,10 +292,33 @@ void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {
     flashrt_repack_free(ctx);
     flashrt_prepared_graphs & p = prepared_graphs();
     std::lock_guard<std::mutex> lock(p.mutex);
-    p.signature.erase(&ctx);
+    p.signatures.erase(&ctx);
 }
 
 static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i);
+
+// The windows a node-loop pass found in a graph, kept for later passes over the same graph:
+// ggml-cuda captures anew whenever its graph changed (a server alternating batch shapes), and the
+// predicates, functions of the graph alone, would find the same windows again.
+// GGML_FLASHRT_MATCH_CACHE=0 asks the predicates at every pass.
+struct flashrt_found_window {
+    int                          node;
+    const flashrt_window_state * window;
+    flashrt_match                match;
+};
+
+struct flashrt_pass_windows {
+    uint64_t                          signature = 0;
+    std::vector<flashrt_found_window> found;  // by node, ascending
+};
+
+static bool match_cache_enabled() {
+    static const bool enabled = [] {
+        const char * v = std::getenv("GGML_FLASHRT_MATCH_CACHE");
+        return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
+    return enabled;
+}
 
 int ggml_cuda_flashrt_try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i) {
     if (runtime().disabled) {
@@ -302,11 +352,35 @@ static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int
         bool operator<(const claim & o) const { return node < o.node; }
     };
     thread_local std::vector<claim> claimed;
+    // This pass's windows: found by the predicates and recorded, or replayed from an earlier pass
+    // over the same graph (most recent graphs first).
+    thread_local std::list<flashrt_pass_windows> passes;
+    thread_local flashrt_pass_windows *          recording = nullptr;
+    thread_local const flashrt_pass_windows *    replaying = nullptr;
+    thread_local size_t                          cursor    = 0;
     const bool new_pass = cgraph != pass_graph || i <= pass_last;
     if (new_pass) {
         stats.graphs++;
         // Claimed nodes the loop did not reach were computed anyway: nothing is lost.
         claimed.clear();
+        recording = nullptr;
+        replaying = nullptr;
+        cursor    = 0;
+        if (match_cache_enabled()) {
+            const uint64_t signature = graph_signature(cgraph);
+            auto seen = std::find_if(passes.begin(), passes.end(),
+                                     [signature](const flashrt_pass_windows & p) { return p.signature == signature; });
+            if (seen != passes.end()) {
+                passes.splice(passes.begin(), passes, seen);
+                replaying = &passes.front();
+            } else {
+                passes.push_front(flashrt_pass_windows{ signature, {} });
+                if (passes.size() > flashrt_graphs_remembered) {
+                    passes.pop_back();
+                }
+                recording = &passes.front();
+            }
+        }
     }
     pass_graph = cgraph;
 
@@ -356,14 +430,28 @@ static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int
         return tail;
     }
 
-    flashrt_match m;
-    const int cc = ggml_cuda_info().devices[ctx.device].cc;
-    thread_local std::vector<int> taken;
-    taken.clear();
-    for (const claim & c : claimed) {
-        taken.push_back(c.node);
+    flashrt_match                m;
+    const flashrt_window_state * ws = nullptr;
+    if (replaying != nullptr) {
+        while (cursor < replaying->found.size() && replaying->found[cursor].node < i) {
+            ++cursor;
+        }
+        if (cursor < replaying->found.size() && replaying->found[cursor].node == i) {
+            ws = replaying->found[cursor].window;
+            m  = replaying->found[cursor].match;
+        }
+    } else {
+        const int cc = ggml_cuda_info().devices[ctx.device].cc;
+        thread_local std::vector<int> taken;
+        taken.clear();
+        for (const claim & c : claimed) {
+            taken.push_back(c.node);
+        }
+        ws = find_window(cgraph, i, cc, m, flashrt_debug_enabled(), taken);
+        if (ws != nullptr && recording != nullptr) {
+            recording->found.push_back({ i, ws, m });
+        }
     }
-    const flashrt_window_state * ws = find_window(cgraph, i, cc, m, flashrt_debug_enabled(), taken);
     if (ws == nullptr) {
         stats.nodes++;
         pass_last = i;
