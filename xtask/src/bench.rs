@@ -395,7 +395,24 @@ struct BenchResult {
     reps: u32,
     rounds: u32,
     split: Split,
+    /// The overlay's switches in the environment (`FRT_*`, `GGML_FLASHRT_*`, `GGML_CUDA_FLASHRT_*`):
+    /// every run inherits them, and they change what the overlay runs.
+    switches: Vec<(String, String)>,
     tests: Vec<TestResult>,
+}
+
+/// The overlay's switches among `vars` (an environment), sorted.
+fn overlay_switches(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = vars
+        .into_iter()
+        .filter(|(k, _)| {
+            k.starts_with("FRT_")
+                || k.starts_with("GGML_FLASHRT_")
+                || k.starts_with("GGML_CUDA_FLASHRT_")
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// Runs one of llama.cpp's tools with extra environment variables; returns (stdout, stderr). A
@@ -669,13 +686,17 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
         rounds: args.rounds,
         bandwidth,
         split,
+        switches: overlay_switches(std::env::vars()),
         tests: results,
     };
+    // Runs with switches set are named by them, so that they do not overwrite the default's.
+    let mut tags = result.split.tags();
+    tags.extend(result.switches.iter().map(|(k, v)| format!("{k}={v}")));
     let file = project.root.join("bench/results").join(result_file_name(
         &result.date,
         &result.commit,
         &result.bandwidth.gpu,
-        &result.split.tags(),
+        &tags,
         "json",
     ));
     write_atomic(&file, serde_json::to_string_pretty(&result)?.as_bytes())?;
@@ -716,6 +737,9 @@ fn table(r: &BenchResult) -> String {
     if !r.split.tensor_split.is_empty() {
         split.push_str(&format!(" · tensor split {}", r.split.tensor_split_text()));
     }
+    for (k, v) in &r.switches {
+        split.push_str(&format!(" · {k}={v}"));
+    }
     let mut out = format!(
         "\n{} · {} · {:.3} GB/token · read {:.2} TB/s · floor {:.0} tok/s{split} · {} round(s) of {} reps\n\n| test | stock tok/s | overlay tok/s | ratio | ratio per round | floor share stock | floor share overlay |\n|---|---:|---:|---:|---:|---:|---:|\n",
         r.bandwidth.gpu,
@@ -752,6 +776,30 @@ fn table(r: &BenchResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_overlays_switches_are_picked_from_the_environment() {
+        let vars = [
+            ("PATH", "/bin"),
+            ("FRT_ROUTER_SWAP", "1"),
+            ("GGML_FLASHRT_NO_GDN", "1"),
+            ("GGML_CUDA_FLASHRT_DISABLE", "0"),
+            ("GGML_CUDA_GRAPH_OPT", "1"),
+            ("FRT_MOE_TAIL_SWAP", "1"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let picked: Vec<String> = overlay_switches(vars).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            picked,
+            [
+                "FRT_MOE_TAIL_SWAP",
+                "FRT_ROUTER_SWAP",
+                "GGML_CUDA_FLASHRT_DISABLE",
+                "GGML_FLASHRT_NO_GDN"
+            ]
+        );
+        assert!(overlay_switches([("HOME".to_owned(), "/root".to_owned())]).is_empty());
+    }
 
     #[test]
     fn test_specs_parse_and_map_to_llama_bench_flags() {
