@@ -2,6 +2,7 @@
 #include "diagnostics.cuh"
 #include "registry.cuh"
 #include "repack.cuh"
+#include "windows/gdn.cuh"
 
 #include <algorithm>
 #include <chrono>
@@ -249,9 +250,10 @@ static bool already_prepared(const ggml_backend_cuda_context & ctx, const ggml_c
     return false;
 }
 
-// The weights that matched windows will read, repacked now: the node loop may run under capture.
+// What matched windows need before the node loop, which may run under capture: the weights they
+// read repacked (when the repack cache is on), GDN's flags.
 static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph) {
-    if (!flashrt_repack_cache_enabled() || already_prepared(ctx, cgraph)) {
+    if (already_prepared(ctx, cgraph)) {
         return;
     }
     flashrt_global_stats().prepares++;
@@ -290,6 +292,7 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
 
 void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {
     flashrt_repack_free(ctx);
+    flashrt_free_gdn(ctx);
     flashrt_prepared_graphs & p = prepared_graphs();
     std::lock_guard<std::mutex> lock(p.mutex);
     p.signatures.erase(&ctx);

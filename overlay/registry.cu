@@ -17,7 +17,7 @@ const char * const flashrt_miss_anchor = "anchor op";
 static const flashrt_window flashrt_registry[] = {
     // Before GDN_GATED_NORM: it takes the gated norm along with the rest of the layer.
     { "GDN", flashrt_tier::safe, 900, { GGML_OP_GET_ROWS, GGML_OP_COUNT },
-      flashrt_match_gdn, flashrt_run_gdn, nullptr },
+      flashrt_match_gdn, flashrt_run_gdn, flashrt_prepare_gdn },
     { "GDN_GATED_NORM", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
       flashrt_match_gdn_gated_norm, flashrt_run_gdn_gated_norm, nullptr },
     // full: no measured gain on qwen36 decode, and F16 gates differ from stock (docs/perf-notes.md).

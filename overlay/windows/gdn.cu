@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <vector>
 
 // The block spans ~60 nodes, most of them views.
@@ -340,6 +343,71 @@ flashrt_match flashrt_match_gdn(const ggml_cgraph * cgraph, int i) {
     return flashrt_hit(b.end + 1 - i);
 }
 
+// Per context: the flags through which, in the one-launch path, the value heads sharing a key head
+// get its q and k (frt_gdn_decode_args::flags): zeroed once outside capture, zero after each
+// launch. GGML_FLASHRT_GDN_ONE_LAUNCH=0 keeps the two launches (diagnostic).
+constexpr int gdn_max_key_heads = 256;
+
+struct gdn_flags_table {
+    std::mutex                                                mutex;
+    std::map<const ggml_backend_cuda_context *, int *> flags;
+};
+
+static gdn_flags_table & gdn_flags() {
+    static gdn_flags_table * t = new gdn_flags_table;  // never destroyed: contexts may outlive statics
+    return *t;
+}
+
+static bool gdn_one_launch_enabled() {
+    static const bool enabled = [] {
+        const char * v = std::getenv("GGML_FLASHRT_GDN_ONE_LAUNCH");
+        return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
+    return enabled;
+}
+
+void flashrt_prepare_gdn(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m) {
+    GGML_UNUSED(cgraph);
+    GGML_UNUSED(i);
+    GGML_UNUSED(m);
+    if (!gdn_one_launch_enabled()) {
+        return;
+    }
+    gdn_flags_table &           t = gdn_flags();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (t.flags.count(&ctx) != 0) {
+        return;
+    }
+    ggml_cuda_set_device(ctx.device);
+    int * flags = nullptr;
+    if (cudaMalloc(&flags, gdn_max_key_heads * sizeof(int)) != cudaSuccess ||
+        cudaMemset(flags, 0, gdn_max_key_heads * sizeof(int)) != cudaSuccess) {
+        (void) cudaGetLastError();  // no flags: the two launches
+        if (flags != nullptr) {
+            cudaFree(flags);
+        }
+        return;
+    }
+    t.flags[&ctx] = flags;
+}
+
+void flashrt_free_gdn(const ggml_backend_cuda_context & ctx) {
+    gdn_flags_table &           t = gdn_flags();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto                        it = t.flags.find(&ctx);
+    if (it != t.flags.end()) {
+        cudaFree(it->second);
+        t.flags.erase(it);
+    }
+}
+
+static int * gdn_flags_of(const ggml_backend_cuda_context & ctx) {
+    gdn_flags_table &           t = gdn_flags();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto                        it = t.flags.find(&ctx);
+    return it != t.flags.end() ? it->second : nullptr;
+}
+
 void flashrt_run_gdn(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
     GGML_UNUSED(m);
     gdn_block b;
@@ -391,5 +459,6 @@ void flashrt_run_gdn(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int 
 
     ggml_cuda_pool_alloc<char> scratch(ctx.pool(), frt_gdn_decode_scratch_bytes(b.n_seqs, b.k_heads, b.v_heads));
     a.scratch = scratch.get();
+    a.flags   = b.n_seqs == 1 && b.k_heads <= gdn_max_key_heads ? gdn_flags_of(ctx) : nullptr;
     FLASHRT_CHECK("GDN", frt_gdn_decode(a, ctx.stream()));
 }

@@ -24,6 +24,27 @@ static __device__ __forceinline__ float gdn_sum_of_warps(const float * w) {
     return (w[0] + w[2]) + (w[1] + w[3]);
 }
 
+// ssm_conv_f32's sum of the window [old0, old1, old2, new] times the taps, in order from 0, then
+// the (absent) bias, then SiLU.
+static __device__ __forceinline__ float gdn_conv_silu(const float (&x)[conv_taps], const float (&w)[conv_taps]) {
+    float sumf = 0.0f;
+#pragma unroll
+    for (int j = 0; j < conv_taps; ++j) {
+        sumf += x[j] * w[j];
+    }
+    sumf += 0.0f;
+    return gdn_silu(sumf);
+}
+
+// A value head's gates: g = softplus(alpha + dt_bias) * a (its exp is taken by the delta rule) and
+// sigmoid(beta), as stock's add, softplus-mul and sigmoid kernels compute them.
+static __device__ __forceinline__ void gdn_gates(float alpha, float dt_bias, float a, float beta, float & g, float & b) {
+    const float x_alpha  = alpha + dt_bias;
+    const float softplus = (x_alpha > 20.0f) ? x_alpha : logf(1.0f + expf(x_alpha));
+    g                    = softplus * a;
+    b                    = 1.0f / (1.0f + expf(-beta));
+}
+
 // Scratch per sequence: the conv outputs (q and k normalised, v), then g and beta per value head.
 static __host__ __device__ int64_t gdn_seq_floats(int k_heads, int v_heads) {
     return (int64_t) (2 * k_heads + v_heads) * head_dim + 2 * v_heads;
@@ -132,14 +153,7 @@ static __global__ void __launch_bounds__(head_dim) frt_gdn_prep_kernel(const frt
             for (int j = 0; j < conv_taps - 1; ++j) {
                 next[j] = x[s][j + 1];
             }
-            // ssm_conv_f32: the taps in order from 0, then the (absent) bias, then SiLU.
-            float sumf = 0.0f;
-#pragma unroll
-            for (int j = 0; j < conv_taps; ++j) {
-                sumf += x[s][j] * w[j];
-            }
-            sumf += 0.0f;
-            y[s] = gdn_silu(sumf);
+            y[s] = gdn_conv_silu(x[s], w);
         }
     }
 
@@ -176,78 +190,31 @@ static __global__ void __launch_bounds__(head_dim) frt_gdn_prep_kernel(const frt
         // The value head's gates, one thread a sequence.
         const int h = blockIdx.x - qk_blocks;
         if (t < a.n_seqs) {
-            const float x_alpha  = a.alpha[t * a.alpha_seq + h] + a.dt_bias[h];
-            const float softplus = (x_alpha > 20.0f) ? x_alpha : logf(1.0f + expf(x_alpha));
-            scratch[t * seq_floats + channels + h]             = softplus * a.a[h];
-            scratch[t * seq_floats + channels + a.v_heads + h] = 1.0f / (1.0f + expf(-a.beta[t * a.beta_seq + h]));
+            gdn_gates(a.alpha[t * a.alpha_seq + h], a.dt_bias[h], a.a[h], a.beta[t * a.beta_seq + h],
+                      scratch[t * seq_floats + channels + h], scratch[t * seq_floats + channels + a.v_heads + h]);
         }
     }
     frt_pdl_launch_dependents();
 }
 
-// One block per (value head, sequence), 32 warps; warp w takes the state's columns w + 32 j
-// (j < 4), each as gated_delta_net_cuda takes one: lane l holds rows l + 32 r. Then the head's
-// 128 outputs go through the gated norm.
-static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt_gdn_decode_args a) {
+// The delta rule for value head h on its state (lane l of warp w holds column w + 32 j, rows
+// l + 32 r), written back to dst, then the gated norm of the head's 128 outputs: q, k, v and the
+// gates as prep leaves them (q_src/k_src: the head's normalised q and k; v_src: its v).
+static __device__ __forceinline__ void gdn_head_step(const frt_gdn_decode_args & a, int h, int s,
+                                                     float (&state)[head_dim / 32][head_dim / 32], float * dst,
+                                                     const float * q_src, const float * k_src, const float * v_src,
+                                                     float g_val, float beta_val, float z, float norm_w, float * attn,
+                                                     float * warp_sums) {
     constexpr int cols_per_warp = head_dim / 32;
     constexpr int rows_per_lane = head_dim / 32;
-    const int     h             = blockIdx.x;
-    const int     s             = blockIdx.y;
     const int     lane          = threadIdx.x;
     const int     warp          = threadIdx.y;
-    const int     channels      = (2 * a.k_heads + a.v_heads) * head_dim;
-    const int64_t state_floats  = gdn_state_floats(a.v_heads);
-
-    __shared__ float attn[head_dim];
-    __shared__ float warp_sums[4];
-
-    // The state from the sequence's own row before the wait (as prep's conv columns: its last
-    // writer is this kernel a step earlier); a sequence that reads another row (ids, after the
-    // wait) loads prep's copy of that row instead.
-    float *       dst = a.ssm_state + (a.dst_row + s) * a.ssm_row + h * head_dim * head_dim;
-    float state[cols_per_warp][rows_per_lane];
-#pragma unroll
-    for (int j = 0; j < cols_per_warp; ++j) {
-        const int col = warp + 32 * j;
-#pragma unroll
-        for (int r = 0; r < rows_per_lane; ++r) {
-            state[j][r] = dst[col * head_dim + r * 32 + lane];
-        }
-    }
-    float norm_w = 0.0f;
-    if (a.weights_constant && warp < 4) {
-        norm_w = a.norm_w[warp * 32 + lane];
-    }
-    frt_pdl_wait();
-    if (!a.weights_constant && warp < 4) {
-        norm_w = a.norm_w[warp * 32 + lane];
-    }
-    if (a.ids[s] != a.dst_row + s) {
-        const float * copy = (const float *) ((const char *) a.scratch + gdn_states_offset(a.n_seqs, a.k_heads, a.v_heads)) +
-                             s * state_floats + h * head_dim * head_dim;
-#pragma unroll
-        for (int j = 0; j < cols_per_warp; ++j) {
-            const int col = warp + 32 * j;
-#pragma unroll
-            for (int r = 0; r < rows_per_lane; ++r) {
-                state[j][r] = copy[col * head_dim + r * 32 + lane];
-            }
-        }
-    }
-    // z now, so that its load overlaps the recurrence rather than following the norm.
-    const int col_out = warp * 32 + lane;
-    const float z = warp < 4 ? a.z[s * a.z_seq + h * a.z_head + col_out] : 0.0f;
-
-    const float * sc = (const float *) a.scratch + s * gdn_seq_floats(a.k_heads, a.v_heads);
-    const int     kh = h % a.k_heads;
     float q[rows_per_lane], k[rows_per_lane];
 #pragma unroll
     for (int r = 0; r < rows_per_lane; ++r) {
-        q[r] = sc[kh * head_dim + r * 32 + lane];
-        k[r] = sc[(a.k_heads + kh) * head_dim + r * 32 + lane];
+        q[r] = q_src[r * 32 + lane];
+        k[r] = k_src[r * 32 + lane];
     }
-    const float g_val    = expf(sc[channels + h]);
-    const float beta_val = sc[channels + a.v_heads + h];
 
 #pragma unroll
     for (int j = 0; j < cols_per_warp; ++j) {
@@ -260,7 +227,7 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt
             kv_shard += state[j][r] * k[r];
         }
         const float kv_col    = gdn_warp_sum(kv_shard);
-        const float v_col     = sc[(2 * a.k_heads + h) * head_dim + col];
+        const float v_col     = v_src[col];
         const float delta_col = (v_col - g_val * kv_col) * beta_val;
         float attn_partial = 0.0f;
 #pragma unroll
@@ -296,13 +263,211 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt
         const float mean   = gdn_sum_of_warps(warp_sums) / head_dim;
         const float scale  = rsqrtf(mean + a.norm_eps);
         const float normed = scale * o * norm_w;
-        a.out[s * a.out_seq + h * a.out_head + col_out] = gdn_silu(z) * normed;
+        a.out[s * a.out_seq + h * a.out_head + warp * 32 + lane] = gdn_silu(z) * normed;
     }
+}
+
+// The head's state from row `from` (lane l of warp w: columns w + 32 j, rows l + 32 r).
+static __device__ __forceinline__ void gdn_load_state(float (&state)[head_dim / 32][head_dim / 32], const float * from) {
+#pragma unroll
+    for (int j = 0; j < head_dim / 32; ++j) {
+        const int col = threadIdx.y + 32 * j;
+#pragma unroll
+        for (int r = 0; r < head_dim / 32; ++r) {
+            state[j][r] = from[col * head_dim + r * 32 + threadIdx.x];
+        }
+    }
+}
+
+// One block per (value head, sequence), 32 warps; warp w takes the state's columns w + 32 j
+// (j < 4), each as gated_delta_net_cuda takes one: lane l holds rows l + 32 r. Then the head's
+// 128 outputs go through the gated norm.
+static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt_gdn_decode_args a) {
+    const int     h            = blockIdx.x;
+    const int     s            = blockIdx.y;
+    const int     lane         = threadIdx.x;
+    const int     warp         = threadIdx.y;
+    const int     channels     = (2 * a.k_heads + a.v_heads) * head_dim;
+    const int64_t state_floats = gdn_state_floats(a.v_heads);
+
+    __shared__ float attn[head_dim];
+    __shared__ float warp_sums[4];
+
+    // The state from the sequence's own row before the wait (as prep's conv columns: its last
+    // writer is this kernel a step earlier); a sequence that reads another row (ids, after the
+    // wait) loads prep's copy of that row instead.
+    float * dst = a.ssm_state + (a.dst_row + s) * a.ssm_row + h * head_dim * head_dim;
+    float   state[head_dim / 32][head_dim / 32];
+    gdn_load_state(state, dst);
+    float norm_w = 0.0f;
+    if (a.weights_constant && warp < 4) {
+        norm_w = a.norm_w[warp * 32 + lane];
+    }
+    frt_pdl_wait();
+    if (!a.weights_constant && warp < 4) {
+        norm_w = a.norm_w[warp * 32 + lane];
+    }
+    if (a.ids[s] != a.dst_row + s) {
+        gdn_load_state(state, (const float *) ((const char *) a.scratch +
+                                               gdn_states_offset(a.n_seqs, a.k_heads, a.v_heads)) +
+                                  s * state_floats + h * head_dim * head_dim);
+    }
+    // z now, so that its load overlaps the recurrence rather than following the norm.
+    const float z = warp < 4 ? a.z[s * a.z_seq + h * a.z_head + warp * 32 + lane] : 0.0f;
+
+    const float * sc = (const float *) a.scratch + s * gdn_seq_floats(a.k_heads, a.v_heads);
+    const int     kh = h % a.k_heads;
+    gdn_head_step(a, h, s, state, dst, sc + kh * head_dim, sc + (a.k_heads + kh) * head_dim,
+                  sc + (2 * a.k_heads + h) * head_dim, expf(sc[channels + h]), sc[channels + a.v_heads + h], z, norm_w,
+                  attn, warp_sums);
+}
+
+// One sequence in one launch: one block per value head (32 warps, as recur), which also does
+// prep's work for its head: the conv of its v channels and, in the first H_k blocks, of the q and
+// k channels of key head h (conv state written, L2 norms), handed to the blocks of the value heads
+// that share that key head through the scratch and a.flags[h] (set to the number of those blocks,
+// each takes one off: it is 0 again when the launch ends). One sequence never reads a row another
+// writes, so no state needs copying aside. Same expressions and sum orders as prep and recur.
+static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const frt_gdn_decode_args a) {
+    const int  h        = blockIdx.x;
+    const int  lane     = threadIdx.x;
+    const int  warp     = threadIdx.y;
+    const int  t        = warp * 32 + lane;
+    const int  kh       = h % a.k_heads;
+    const bool producer = h < a.k_heads;  // computes q and k of key head h
+    const int  sharers  = a.v_heads / a.k_heads - 1;  // other value heads reading key head kh
+
+    __shared__ float qk[2][head_dim];  // the key head's q and k, normalised
+    __shared__ float v[head_dim];
+    __shared__ float gates[2];
+    __shared__ float qk_sums[2][4];
+    __shared__ float attn[head_dim];
+    __shared__ float warp_sums[4];
+
+    // This thread's conv channel: v channel t of head h (t < 128); in a producer, q then k channel
+    // of key head h (128 <= t < 384).
+    int c = -1;
+    if (t < head_dim) {
+        c = (2 * a.k_heads + h) * head_dim + t;
+    } else if (producer && t < 3 * head_dim) {
+        c = t < 2 * head_dim ? h * head_dim + (t - head_dim) : (a.k_heads + h) * head_dim + (t - 2 * head_dim);
+    }
+
+    // Before the wait, as recur and prep: the state and conv columns of the own row, the weights.
+    float * dst = a.ssm_state + a.dst_row * a.ssm_row + h * head_dim * head_dim;
+    float   state[head_dim / 32][head_dim / 32];
+    gdn_load_state(state, dst);
+    float x[conv_taps] = {};
+    float w[conv_taps] = {};
+    if (c >= 0) {
+        const float * old = a.conv_state + a.dst_row * a.conv_row + c * (conv_taps - 1);
+#pragma unroll
+        for (int j = 0; j < conv_taps - 1; ++j) {
+            x[j] = old[j];
+        }
+    }
+    float norm_w = 0.0f;
+    if (a.weights_constant) {
+        if (c >= 0) {
+#pragma unroll
+            for (int j = 0; j < conv_taps; ++j) {
+                w[j] = a.conv_w[c * conv_taps + j];
+            }
+        }
+        norm_w = warp < 4 ? a.norm_w[warp * 32 + lane] : 0.0f;
+    }
+    frt_pdl_wait();
+    if (!a.weights_constant) {
+        if (c >= 0) {
+#pragma unroll
+            for (int j = 0; j < conv_taps; ++j) {
+                w[j] = a.conv_w[c * conv_taps + j];
+            }
+        }
+        norm_w = warp < 4 ? a.norm_w[warp * 32 + lane] : 0.0f;
+    }
+    const int row = a.ids[0];
+    if (row != a.dst_row) {
+        gdn_load_state(state, a.ssm_state + row * a.ssm_row + h * head_dim * head_dim);
+    }
+    const float z = warp < 4 ? a.z[h * a.z_head + warp * 32 + lane] : 0.0f;
+
+    float y = 0.0f;
+    if (c >= 0) {
+        if (row != a.dst_row) {
+            const float * old = a.conv_state + row * a.conv_row + c * (conv_taps - 1);
+#pragma unroll
+            for (int j = 0; j < conv_taps - 1; ++j) {
+                x[j] = old[j];
+            }
+        }
+        x[conv_taps - 1] = a.qkv[c];
+        float * next     = a.conv_state + a.dst_row * a.conv_row + c * (conv_taps - 1);
+#pragma unroll
+        for (int j = 0; j < conv_taps - 1; ++j) {
+            next[j] = x[j + 1];
+        }
+        y = gdn_conv_silu(x, w);
+        if (t < head_dim) {
+            v[t] = y;
+        }
+    }
+    // q and k: rms_norm(y, eps / 128) then the SCALE, over 4 warps each (warps 4-7 q, 8-11 k).
+    const int g_qk = (warp - 4) / 4;
+    if (producer && warp >= 4 && warp < 12) {
+        float tmp = 0.0f;
+        tmp += y * y;
+        tmp = gdn_warp_sum(tmp);
+        if (lane == 0) {
+            qk_sums[g_qk][(warp - 4) % 4] = tmp;
+        }
+    }
+    if (t == 0) {
+        gdn_gates(a.alpha[h], a.dt_bias[h], a.a[h], a.beta[h], gates[0], gates[1]);
+    }
+    __syncthreads();
+    float * shared_qk = (float *) a.scratch;  // [q of every key head | k of every key head], as prep's
+    if (producer) {
+        if (warp >= 4 && warp < 12) {
+            const int   i     = t - head_dim - g_qk * head_dim;
+            const float mean  = gdn_sum_of_warps(qk_sums[g_qk]) / head_dim;
+            const float scale = rsqrtf(mean + a.l2_eps);
+            const float val   = a.l2_scale * (scale * y);
+            qk[g_qk][i]       = val;
+            if (sharers > 0) {
+                shared_qk[(g_qk * a.k_heads + h) * head_dim + i] = val;
+                __threadfence();
+            }
+        }
+        __syncthreads();
+        if (sharers > 0 && t == 0) {
+            atomicExch(&a.flags[h], sharers);
+        }
+    } else {
+        if (t == 0) {
+            while (atomicAdd(&a.flags[kh], 0) == 0) {
+            }
+            __threadfence();
+        }
+        __syncthreads();
+        if (t < 2 * head_dim) {
+            qk[t / head_dim][t % head_dim] = __ldcg(&shared_qk[((t / head_dim) * a.k_heads + kh) * head_dim + t % head_dim]);
+        }
+        __syncthreads();
+        if (t == 0) {
+            atomicSub(&a.flags[kh], 1);
+        }
+    }
+    __syncthreads();
+    gdn_head_step(a, h, 0, state, dst, qk[0], qk[1], v, expf(gates[0]), gates[1], z, norm_w, attn, warp_sums);
 }
 
 cudaError_t frt_gdn_decode(const frt_gdn_decode_args & a, cudaStream_t stream) {
     if (a.n_seqs < 1 || a.n_seqs > max_seqs || a.k_heads < 1 || a.v_heads % a.k_heads != 0) {
         return cudaErrorInvalidValue;
+    }
+    if (a.n_seqs == 1 && a.flags != nullptr) {
+        return frt_launch(frt_gdn_single_kernel, dim3(a.v_heads), dim3(32, 32), 0, stream, a);
     }
     const int   conv_blocks = 2 * a.k_heads + a.v_heads;
     cudaError_t err = frt_launch(frt_gdn_prep_kernel, dim3(conv_blocks + copy_blocks), dim3(head_dim), 0, stream, a);

@@ -8,6 +8,7 @@
 //          (after a sequence copy) is copied aside first, since that row is overwritten next.
 //   recur: per value head and sequence, the delta rule on the 128x128 state (read and written in
 //          place in the cache) and the output's gated RMS norm: rmsnorm(o) * w * silu(z).
+// With one sequence and a.flags, both in one launch (each block does prep's work for its head).
 // Stock ggml-cuda runs the same step as ~12 kernels (the states gathered, concat, conv, copies,
 // norms, gates, gated_delta_net, the output norm). The arithmetic follows stock's kernels
 // expression by expression (sum orders included), so the results match stock's.
@@ -61,6 +62,10 @@ struct frt_gdn_decode_args {
 
     // Device scratch of frt_gdn_decode_scratch_bytes(); capture-stable (from the caller's pool).
     void * scratch;
+    // One sequence: H_k ints, zero, that nothing else uses while the launch runs (left zero): the
+    // whole step in one launch, the value heads sharing a key head handed its q and k through
+    // them. nullptr: two launches (prep, recur).
+    int * flags;
 };
 
 size_t frt_gdn_decode_scratch_bytes(int n_seqs, int k_heads, int v_heads);

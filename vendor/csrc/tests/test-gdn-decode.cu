@@ -1,6 +1,7 @@
 // Unit test of frt_gdn_decode against a float64 CPU reference of the Gated DeltaNet decode step,
 // on fresh random inputs, the output poisoned first. Checks the output, both caches' new rows
-// (the conv columns exactly: they are copies), and that no other cache row changes. Needs a GPU:
+// (the conv columns exactly: they are copies), and that no other cache row changes; one sequence
+// both in two launches and in one (whose flags must be zero again afterwards). Needs a GPU:
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
 //        vendor/csrc/tests/test-gdn-decode.cu -o test-gdn-decode && ./test-gdn-decode
 
@@ -27,6 +28,7 @@ struct gdn_case {
     const char * name;
     int  k_heads, v_heads, n_seqs;
     bool shared_source;  // every sequence reads row dst_row (after a sequence copy)
+    bool other_row;      // every sequence reads the last row, a bystander (a copy from outside)
 };
 
 template <typename T> static T * upload(const std::vector<T> & v) {
@@ -54,7 +56,8 @@ static double rel_err(const std::vector<float> & got, const std::vector<double> 
     return num / den;
 }
 
-static int run_case(const gdn_case & tc, std::mt19937 & rng) {
+// `flags`: the one-launch path (one sequence), else the two launches.
+static int run_case(const gdn_case & tc, bool flags, std::mt19937 & rng) {
     const int     H_k = tc.k_heads, H_v = tc.v_heads, n = tc.n_seqs;
     const int     C        = (2 * H_k + H_v) * D;
     const int64_t conv_row = 3 * C, ssm_row = (int64_t) H_v * D * D;
@@ -68,7 +71,7 @@ static int run_case(const gdn_case & tc, std::mt19937 & rng) {
     uniform(qkv, -2, 2), uniform(z, -2, 2), uniform(alpha, -4, 2), uniform(beta, -4, 4), uniform(conv_w, -0.5f, 0.5f);
     uniform(dt, -1, 1), uniform(a, -2, -0.1f), uniform(norm_w, 0.5f, 1.5f), uniform(conv, -2, 2), uniform(ssm, -1, 1);
     std::vector<int32_t> ids(n);
-    for (int s = 0; s < n; ++s) ids[s] = tc.shared_source ? dst_row : dst_row + s;
+    for (int s = 0; s < n; ++s) ids[s] = tc.other_row ? rows - 1 : tc.shared_source ? dst_row : dst_row + s;
     const float l2_eps = 1e-6f / D, l2_scale = 1.0f / std::sqrt((float) D), norm_eps = 1e-6f;
 
     // Reference, float64, from the inputs as drawn.
@@ -136,8 +139,20 @@ static int run_case(const gdn_case & tc, std::mt19937 & rng) {
     args.dst_row = dst_row, args.out = dout, args.out_seq = H_v * D, args.out_head = D;
     args.l2_eps = l2_eps, args.l2_scale = l2_scale, args.norm_eps = norm_eps, args.attn_scale = 1.0f / std::sqrt((float) D);
     args.scratch = scratch;
+    int * dflags = nullptr;
+    if (flags) {
+        CHECK(cudaMalloc(&dflags, H_k * sizeof(int)));
+        CHECK(cudaMemset(dflags, 0, H_k * sizeof(int)));
+        args.flags = dflags;
+    }
     CHECK(frt_gdn_decode(args, 0));
     CHECK(cudaDeviceSynchronize());
+    // The flags are zero again for the next launch.
+    bool flags_zero = true;
+    if (flags) {
+        for (int f : download(dflags, H_k)) flags_zero &= f == 0;
+        CHECK(cudaFree(dflags));
+    }
 
     const std::vector<float> out = download(dout, n * H_v * D), conv_after = download(dconv, rows * conv_row),
                              ssm_after = download(dssm, rows * ssm_row);
@@ -150,9 +165,10 @@ static int run_case(const gdn_case & tc, std::mt19937 & rng) {
         for (int64_t i = 0; i < ssm_row; ++i) bystanders &= ssm_after[row * ssm_row + i] == ssm[row * ssm_row + i];
     }
     // float32 sums of 128 products against float64: ~1e-6 normwise; 1e-4 leaves room for any draw.
-    const bool ok = err_out < 1e-4 && err_ssm < 1e-4 && conv_exact && bystanders;
-    std::printf("%s %-40s out %.2e  state %.2e  conv %s  other rows %s\n", ok ? "ok  " : "FAIL", tc.name, err_out,
-                err_ssm, conv_exact ? "exact" : "DIFFER", bystanders ? "kept" : "CHANGED");
+    const bool ok = err_out < 1e-4 && err_ssm < 1e-4 && conv_exact && bystanders && flags_zero;
+    std::printf("%s %-46s %-12s out %.2e  state %.2e  conv %s  other rows %s%s\n", ok ? "ok  " : "FAIL", tc.name,
+                flags ? "one launch" : "two launches", err_out, err_ssm, conv_exact ? "exact" : "DIFFER",
+                bystanders ? "kept" : "CHANGED", flags_zero ? "" : "  flags NOT ZERO");
     for (void * p : { (void *) dqkv, (void *) dz, (void *) dalpha, (void *) dbeta, (void *) dconv_w, (void *) ddt,
                       (void *) da, (void *) dnorm_w, (void *) dconv, (void *) dssm, (void *) dids, (void *) dout, scratch }) {
         CHECK(cudaFree(p));
@@ -163,18 +179,26 @@ static int run_case(const gdn_case & tc, std::mt19937 & rng) {
 int main() {
     std::mt19937 rng(std::random_device{}());
     const gdn_case cases[] = {
-        { "qwen36 shape, 1 sequence", 16, 32, 1, false },
-        { "qwen36 shape, 4 sequences", 16, 32, 4, false },
-        { "qwen36 shape, 8 sequences", 16, 32, 8, false },
-        { "2 key heads, 4 value heads, 3 sequences", 2, 4, 3, false },
-        { "qwen36 shape, 3 sequences, one source row", 16, 32, 3, true },
-        { "1 key head, 3 value heads, 2 seqs, one source", 1, 3, 2, true },
+        { "qwen36 shape, 1 sequence", 16, 32, 1, false, false },
+        { "qwen36 shape, 1 sequence from another row", 16, 32, 1, false, true },
+        { "1 key head, 3 value heads, 1 sequence", 1, 3, 1, false, false },
+        { "4 key heads, 4 value heads, 1 sequence", 4, 4, 1, false, false },
+        { "qwen36 shape, 4 sequences", 16, 32, 4, false, false },
+        { "qwen36 shape, 8 sequences", 16, 32, 8, false, false },
+        { "2 key heads, 4 value heads, 3 sequences", 2, 4, 3, false, false },
+        { "qwen36 shape, 3 sequences, one source row", 16, 32, 3, true, false },
+        { "1 key head, 3 value heads, 2 seqs, one source", 1, 3, 2, true, false },
+        { "qwen36 shape, 2 sequences from another row", 16, 32, 2, false, true },
     };
-    int failed = 0;
+    int failed = 0, n_cases = 0;
     for (const gdn_case & tc : cases) {
-        failed += run_case(tc, rng);
+        failed += run_case(tc, false, rng);
+        ++n_cases;
+        if (tc.n_seqs == 1) {  // and in one launch
+            failed += run_case(tc, true, rng);
+            ++n_cases;
+        }
     }
-    const int n_cases = (int) (sizeof(cases) / sizeof(cases[0]));
     std::printf("%d passed, %d failed\n", n_cases - failed, failed);
     return failed == 0 ? 0 : 1;
 }
