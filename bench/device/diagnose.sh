@@ -32,16 +32,18 @@
 #                         REQUESTS a round, default 256, ROUNDS rounds, default 4): stock alone as
 #                         the reference, then stock and the overlay under load;
 #                         PARTS=reference,stock and then PARTS=overlay split it over two calls
+#   diagnose.sh serve-stats  a short serve-check (REQUESTS 64, ROUNDS 2) of the reference and the
+#                         overlay with FRT_STATS=1: the overlay server's host time per window
 #   diagnose.sh multiseq  decode with several sequences, as llama-server runs it under load:
 #                         llama-batched-bench (prompts of 128, 64 tokens generated, 1/2/4/8
 #                         sequences) for stock, the default, the default without the GEMV windows,
 #                         every window off and without GDN; the default's FRT_STATS (hits, host
 #                         time a capture); tg64 of the default and without GDN
-# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|multiseq. Needs .xtask/device/
+# Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|serve-stats|multiseq. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|multiseq}
+mode=${1:?usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|serve-stats|multiseq}
 . bench/device/lib.sh
 device_setup "diagnose-$mode"
 start=$(date +%s)
@@ -64,7 +66,7 @@ if [ $gemv_tests = 1 ]; then
 fi
 targets=llama-bench,llama
 [ "$mode" = exact ] && targets=$targets,test-backend-ops
-[ "$mode" = serve ] && targets=$targets,llama-server
+case $mode in serve | serve-stats) targets=$targets,llama-server ;; esac
 [ "$mode" = multiseq ] && targets=$targets,llama-batched-bench
 "$xtask" build --arch 90a --targets "$targets" > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 wait $synth
@@ -258,6 +260,18 @@ serve)
         cp bench/results/*serve-check.* "$out/" 2>/dev/null || true
     fi
     ;;
+serve-stats)
+    # Where the overlay's host time goes under serve-check's load: FRT_STATS from the overlay's
+    # server at its exit (predicate and run time per window). A short run of the reference and the
+    # overlay in a directory of its own; not an acceptance run.
+    if ! late serve-stats; then
+        rm -rf /tmp/serve-stats
+        FRT_STATS=1 "$xtask" serve-check --arch 90a --requests "${REQUESTS:-64}" --rounds "${ROUNDS:-2}" \
+            --resume /tmp/serve-stats --parts reference,overlay > "$out/serve-stats.log" 2>&1 || say "serve-check FAILED"
+        cp .xtask/serve-check/overlay.log "$out/" 2>/dev/null || true
+        grep -h "FlashRT stats" "$out/overlay.log" | tee -a "$out/summary.txt" || say "no FlashRT stats in overlay.log"
+    fi
+    ;;
 multiseq)
     say "| setting | 1 seq | 2 seqs | 4 seqs | 8 seqs (decode tok/s, all sequences) |"
     say "|---|---:|---:|---:|---:|"
@@ -273,7 +287,7 @@ multiseq)
     tg no-gdn GGML_FLASHRT_NO_GDN=1
     ;;
 *)
-    echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|multiseq"; exit 2 ;;
+    echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|serve-stats|multiseq"; exit 2 ;;
 esac
 # Few files come back from the device: everything in one archive, beside the summary.
 tar -czf /tmp/diagnose.tgz -C "$out" . && cp "$out/summary.txt" /tmp/diagnose-summary.txt \

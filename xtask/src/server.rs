@@ -1,6 +1,8 @@
 //! llama-server as a child process: started on a free local port, waited for until `/health`
 //! answers, asked over plain HTTP/1.1 (the few requests xtask makes need no client library), and
-//! killed when dropped, so that a failing check never leaves a server behind.
+//! stopped when dropped (SIGTERM, then killed if it has not exited within a few seconds), so that a
+//! failing check never leaves a server behind and a stopped one exits normally (the overlay's
+//! FRT_STATS print at exit).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-/// A running llama-server; killed on drop. Its output goes to `log`.
+/// A running llama-server; stopped on drop. Its output goes to `log`.
 pub struct Server {
     child: Child,
     port: u16,
@@ -117,8 +119,28 @@ impl Server {
     }
 }
 
+/// How long a stopped server may take to exit before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
 impl Drop for Server {
     fn drop(&mut self) {
+        // llama-server shuts down on SIGTERM and returns from main, so that what a process prints
+        // at exit is written; one that does not exit in time is killed.
+        let pid = self.child.id().to_string();
+        let asked = Command::new("kill")
+            .args(["-TERM", &pid])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        let deadline = Instant::now() + STOP_GRACE;
+        while asked && Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -310,6 +332,33 @@ mod tests {
         let (port, handle) = fake_server("HTTP/1.1 200 OK\r\n\r\ndata: {}\n\n");
         assert_eq!(stream_and_hang_up(port, "/completion", "{}", 5).unwrap(), 1);
         handle.join().unwrap();
+    }
+
+    #[test]
+    fn a_dropped_server_is_asked_to_stop_and_exits_normally() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, stopped) = (dir.path().join("ready"), dir.path().join("stopped"));
+        let script = format!(
+            "trap 'echo at-exit > {}; exit 0' TERM; touch {}; while true; do sleep 0.05; done",
+            stopped.display(),
+            ready.display()
+        );
+        let child = Command::new("sh").args(["-c", &script]).spawn().unwrap();
+        // Signalled only once its handler is in place.
+        let start = Instant::now();
+        while !ready.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the script never started"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(Server {
+            child,
+            port: 0,
+            log: dir.path().join("server.log"),
+        });
+        assert_eq!(std::fs::read_to_string(&stopped).unwrap().trim(), "at-exit");
     }
 
     #[test]
