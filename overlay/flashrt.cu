@@ -186,8 +186,8 @@ struct flashrt_pending_window {
     flashrt_match        match;
 };
 
-// What identifies a graph for the windows: every node, its op, parameters, shape, strides, flags
-// and memory, and its sources and theirs (FNV-1a). The predicates read no more than that, so the
+// What identifies a graph for the windows: every node, its op, type, parameters, shape, strides,
+// flags and memory, and its sources and theirs (FNV-1a). The predicates read no more than that, so the
 // same signature finds the same windows.
 static uint64_t graph_signature(const ggml_cgraph * cgraph) {
     uint64_t h = 1469598103934665603ull;
@@ -200,6 +200,7 @@ static uint64_t graph_signature(const ggml_cgraph * cgraph) {
         const ggml_tensor * t = cgraph->nodes[i];
         mix((uint64_t) (uintptr_t) t);
         mix((uint64_t) t->op);
+        mix((uint64_t) t->type);
         mix((uint64_t) t->flags);
         mix((uint64_t) (uintptr_t) t->data);
         mix((uint64_t) t->view_offs);
