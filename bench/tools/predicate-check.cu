@@ -1,0 +1,130 @@
+// Window predicates on a machine without a GPU: builds small graphs the way the FlashRT cases and
+// llama.cpp build them (each tensor in memory of its own, as test-backend-ops allocates), asks the
+// overlay's predicates at every node and checks which hit. Predicates are host code over the graph;
+// this catches a predicate that would never fire (or fire where it must not) before a device run.
+// bench/tools/predicate-check.sh builds and runs it (it links the overlay's objects from
+// `cargo xtask build --overlay-only` and ggml-base from `cargo xtask build --cpu`).
+
+#include "matvec.cuh"
+#include "moe-tail.cuh"
+#include "router.cuh"
+
+#include "ggml.h"
+
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+struct expectation {
+    std::string name;
+    std::function<std::vector<ggml_tensor *>(ggml_context *)> build;  // expanded in this order
+    flashrt_match (*match)(const ggml_cgraph *, int);
+    int hits;     // nodes where the predicate must hit
+    int claimed;  // nodes the first hit must claim
+};
+
+static int check(const expectation & e) {
+    ggml_init_params params = { 256u << 20, nullptr, false };
+    ggml_context *   ctx    = ggml_init(params);
+    ggml_cgraph *    gf     = ggml_new_graph_custom(ctx, 4096, false);
+    for (ggml_tensor * t : e.build(ctx)) {
+        ggml_build_forward_expand(gf, t);
+    }
+    int hits = 0, claimed = -1;
+    for (int i = 0; i < gf->n_nodes; ++i) {
+        const flashrt_match m = e.match(gf, i);
+        if (m.hit()) {
+            claimed = hits == 0 ? m.n_claimed : claimed;
+            ++hits;
+        } else if (m.miss != flashrt_miss_anchor) {
+            std::printf("     node %d (%s %s): %s\n", i, ggml_op_desc(gf->nodes[i]), gf->nodes[i]->name, m.miss);
+        }
+    }
+    ggml_free(ctx);
+    const bool ok = hits == e.hits && (hits == 0 || claimed == e.claimed);
+    std::printf("%s %-58s hits %d (want %d), claimed %d (want %d)\n", ok ? "ok  " : "FAIL", e.name.c_str(), hits, e.hits,
+                claimed, e.claimed);
+    return ok ? 0 : 1;
+}
+
+static ggml_tensor * f32(ggml_context * ctx, int64_t a, int64_t b = 1, int64_t c = 1) {
+    return ggml_new_tensor_3d(ctx, GGML_TYPE_F32, a, b, c);
+}
+
+// build_moe_ffn's weighted sum and qwen35moe's shared expert and residual, as MOE_TAIL takes them;
+// the inputs computed first, as in a layer.
+static std::vector<ggml_tensor *> moe_tail(ggml_context * ctx, int n_used, bool sum_read_again) {
+    const int64_t n_embd   = 2048;
+    ggml_tensor * residual = ggml_scale(ctx, f32(ctx, n_embd), 1.0f);
+    ggml_tensor * shexp    = ggml_scale(ctx, f32(ctx, n_embd), 0.5f);
+    ggml_tensor * gate     = ggml_scale(ctx, f32(ctx, 1), 3.0f);
+    ggml_tensor * experts  = ggml_scale(ctx, f32(ctx, n_embd, n_used), 1.0f);
+    ggml_tensor * weighted = ggml_mul(ctx, experts, f32(ctx, 1, n_used));
+    std::vector<ggml_tensor *> order = { residual, shexp, gate, experts, weighted };
+    ggml_tensor * moe_out = nullptr;
+    for (int k = 0; k < n_used; ++k) {
+        order.push_back(ggml_view_2d(ctx, weighted, n_embd, 1, weighted->nb[2], k * weighted->nb[1]));
+    }
+    for (int k = 0; k < n_used; ++k) {
+        moe_out = moe_out ? ggml_add(ctx, moe_out, order[5 + k]) : order[5 + k];
+        order.push_back(moe_out);
+    }
+    ggml_tensor * out = ggml_add(ctx, ggml_add(ctx, moe_out, ggml_mul(ctx, shexp, ggml_sigmoid(ctx, gate))), residual);
+    order.push_back(sum_read_again ? ggml_concat(ctx, out, ggml_scale(ctx, moe_out, 0.5f), 0) : out);
+    return order;
+}
+
+// An MoE FFN's input norm and the readers of the normed value, as ROUTER takes them.
+static std::vector<ggml_tensor *> router(ggml_context * ctx, int64_t tokens) {
+    const int64_t k        = 2048;
+    ggml_tensor * normed   = ggml_mul(ctx, ggml_rms_norm(ctx, ggml_scale(ctx, f32(ctx, k, tokens), 1.5f), 1e-6f), f32(ctx, k));
+    ggml_tensor * w_router = f32(ctx, k, 256);
+    ggml_set_name(w_router, "blk.0.ffn_gate_inp.weight");
+    ggml_tensor * w_gate = f32(ctx, k, 1);
+    ggml_set_name(w_gate, "blk.0.ffn_gate_inp_shexp.weight");
+    ggml_tensor * out = ggml_concat(ctx, ggml_scale(ctx, ggml_mul_mat(ctx, w_router, normed), 0.5f),
+                                    ggml_scale(ctx, ggml_mul_mat(ctx, w_gate, normed), 0.5f), 0);
+    ggml_tensor * ids    = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 4, tokens);
+    ggml_tensor * w_exps = ggml_new_tensor_3d(ctx, GGML_TYPE_Q4_K, k, 64, 8);
+    ggml_set_name(w_exps, "blk.0.ffn_gate_exps.weight");
+    ggml_tensor * gate = ggml_mul_mat_id(ctx, w_exps, ggml_reshape_3d(ctx, normed, k, 1, tokens), ids);
+    return { ggml_concat(ctx, out, ggml_reshape_2d(ctx, gate, 64 * 4, tokens), 0) };
+}
+
+// A matvec and its residual ADD, directly or through a RESHAPE (ssm_out), as MATVEC takes them;
+// a computed residual comes before the matvec, as in a layer.
+static std::vector<ggml_tensor *> residual_add(ggml_context * ctx, bool reshaped, bool computed_residual) {
+    const int64_t k = 4096, rows = 2048;
+    ggml_tensor * residual = f32(ctx, rows);
+    if (computed_residual) {
+        residual = ggml_scale(ctx, residual, 0.5f);
+    }
+    ggml_tensor * x  = ggml_scale(ctx, reshaped ? f32(ctx, k, 1, 1) : f32(ctx, k), 0.5f);
+    ggml_tensor * mm = ggml_mul_mat(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_K, k, rows), x);
+    if (reshaped) {
+        mm = ggml_reshape_2d(ctx, mm, rows, 1);
+    }
+    return { residual, x, ggml_add(ctx, mm, residual) };
+}
+
+int main() {
+    const std::vector<expectation> expected = {
+        { "MOE_TAIL: 8 slots", [](ggml_context * c) { return moe_tail(c, 8, false); }, flashrt_match_moe_tail, 1, 0 },
+        { "MOE_TAIL: the weighted sum read again (reject)", [](ggml_context * c) { return moe_tail(c, 8, true); },
+          flashrt_match_moe_tail, 0, 0 },
+        { "ROUTER: 1 token (router + gate vector)", [](ggml_context * c) { return router(c, 1); }, flashrt_match_router, 1, 2 },
+        { "ROUTER: 2 tokens (reject)", [](ggml_context * c) { return router(c, 2); }, flashrt_match_router, 0, 0 },
+        { "MATVEC: residual ADD", [](ggml_context * c) { return residual_add(c, false, false); }, flashrt_match_matvec, 1, 1 },
+        { "MATVEC: residual ADD through a RESHAPE", [](ggml_context * c) { return residual_add(c, true, true); },
+          flashrt_match_matvec, 1, 1 },
+        { "MATVEC: a leaf through a RESHAPE is not a residual", [](ggml_context * c) { return residual_add(c, true, false); },
+          flashrt_match_matvec, 1, 0 },
+    };
+    int failed = 0;
+    for (const expectation & e : expected) {
+        failed += check(e);
+    }
+    std::printf("%d passed, %d failed\n", (int) expected.size() - failed, failed);
+    return failed == 0 ? 0 : 1;
+}
