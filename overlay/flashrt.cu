@@ -132,7 +132,7 @@ static const flashrt_window_state * find_window(const ggml_cgraph * cgraph, int 
                                                bool report, const std::vector<int> & taken) {
     const ggml_op op = cgraph->nodes[i]->op;
     for (const flashrt_window_state & ws : runtime().windows) {
-        if (!ws.enabled || cc < ws.window->min_cc || (op != ws.window->anchors[0] && op != ws.window->anchors[1])) {
+        if (!ws.enabled || cc < ws.window->min_cc || !flashrt_anchored_at(*ws.window, op)) {
             continue;
         }
         timed(flashrt_global_stats().match_ns[ws.index], [&] { m = ws.window->match(cgraph, i); });
@@ -236,8 +236,7 @@ static flashrt_prepared_graphs & prepared_graphs() {
 
 // Whether ctx prepared this very graph recently (and remember it). The repack cache keeps what a
 // preparation put in it, so a graph seen again needs none.
-static bool already_prepared(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph) {
-    const uint64_t signature = graph_signature(cgraph);
+static bool already_prepared(const ggml_backend_cuda_context & ctx, uint64_t signature) {
     flashrt_prepared_graphs & p = prepared_graphs();
     std::lock_guard<std::mutex> lock(p.mutex);
     std::deque<uint64_t> & seen = p.signatures[&ctx];
@@ -253,8 +252,8 @@ static bool already_prepared(const ggml_backend_cuda_context & ctx, const ggml_c
 
 // What matched windows need before the node loop, which may run under capture: the weights they
 // read repacked (when the repack cache is on), GDN's flags.
-static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph) {
-    if (already_prepared(ctx, cgraph)) {
+static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, uint64_t signature) {
+    if (already_prepared(ctx, signature)) {
         return;
     }
     flashrt_global_stats().prepares++;
@@ -264,8 +263,7 @@ static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph *
             continue;
         }
         for (int i = 0; i < cgraph->n_nodes; ++i) {
-            const ggml_op op = cgraph->nodes[i]->op;
-            if (op != ws.window->anchors[0] && op != ws.window->anchors[1]) {
+            if (!flashrt_anchored_at(*ws.window, cgraph->nodes[i]->op)) {
                 continue;
             }
             const flashrt_match m = ws.window->match(cgraph, i);
@@ -275,6 +273,14 @@ static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph *
         }
     }
 }
+
+// The signature of the graph the begin-graph hook saw last on this thread: the node loop that
+// follows it (same thread, same graph) takes it instead of hashing every node again.
+struct flashrt_begun_graph {
+    const ggml_cgraph * cgraph    = nullptr;
+    uint64_t            signature = 0;
+};
+static thread_local flashrt_begun_graph begun;
 
 void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop) {
     if (runtime().disabled) {
@@ -287,7 +293,8 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
     }
     const auto start = std::chrono::steady_clock::now();
     flashrt_dump_graph(cgraph, dump_labels);
-    prepare_windows(ctx, cgraph);
+    begun = { cgraph, graph_signature(cgraph) };
+    prepare_windows(ctx, cgraph, begun.signature);
     stats.begin_ns += elapsed_ns(start);
 }
 
@@ -371,7 +378,7 @@ static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int
         replaying = nullptr;
         cursor    = 0;
         if (match_cache_enabled()) {
-            const uint64_t signature = graph_signature(cgraph);
+            const uint64_t signature = begun.cgraph == cgraph ? begun.signature : graph_signature(cgraph);
             auto seen = std::find_if(passes.begin(), passes.end(),
                                      [signature](const flashrt_pass_windows & p) { return p.signature == signature; });
             if (seen != passes.end()) {

@@ -85,6 +85,11 @@ struct flashrt_window {
 // The registered windows, in the order they are tried at each node.
 const flashrt_window * flashrt_windows(int * n_windows);
 
+// Whether a node of op `op` is one a window's match can start at (its anchors).
+inline bool flashrt_anchored_at(const flashrt_window & w, ggml_op op) {
+    return op == w.anchors[0] || op == w.anchors[1];
+}
+
 // Whether the window called `name` is on in this process (switches and tier; false when the layer
 // is disabled or no window has that name). For windows whose predicates leave nodes to another.
 bool flashrt_window_enabled(const char * name);

@@ -308,17 +308,8 @@ flashrt_match flashrt_match_gdn(const ggml_cgraph * cgraph, int i) {
     // value of the run, and every view of one, has all its uses (ggml's use counts) inside the run.
     // Counted over the run's ~60 nodes, not the rest of the graph: at several sequences the
     // predicates run at every step (no CUDA graphs).
-    // (A sorted list, not a hash map: this runs at every uncaptured evaluation.)
     thread_local std::vector<const ggml_tensor *> read_in_run;
-    read_in_run.clear();
-    for (int u = i; u <= b.end; ++u) {
-        for (const ggml_tensor * src : cgraph->nodes[u]->src) {
-            if (src != nullptr) {
-                read_in_run.push_back(src);
-            }
-        }
-    }
-    std::sort(read_in_run.begin(), read_in_run.end());
+    flashrt_collect_run_reads(cgraph, i, b.end, read_in_run);
     for (int j = i; j <= b.end; ++j) {
         const ggml_tensor * t = cgraph->nodes[j];
         const bool intermediate = in_block(t) || (t->view_src != nullptr && in_block(t->view_src));
@@ -328,8 +319,7 @@ flashrt_match flashrt_match_gdn(const ggml_cgraph * cgraph, int i) {
         if (t->flags & GGML_TENSOR_FLAG_OUTPUT) {
             return flashrt_miss("an intermediate result is a graph output");
         }
-        const auto uses = std::equal_range(read_in_run.begin(), read_in_run.end(), t);
-        if ((int) (uses.second - uses.first) != ggml_node_get_use_count(cgraph, j)) {
+        if (!flashrt_read_only_in_run(cgraph, j, read_in_run)) {
             return flashrt_miss("an intermediate result is read after the block");
         }
     }

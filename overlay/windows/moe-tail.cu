@@ -115,14 +115,6 @@ static const char * moe_tail_collect(const ggml_cgraph * cgraph, int i, moe_tail
     return nullptr;
 }
 
-// Whether writing `out` (column c of each token from column c of the inputs) is safe with input
-// `in` of the same row layout: apart, or the very same elements (in place).
-static bool column_safe(const ggml_tensor * out, const char * in_data, size_t in_row, size_t in_bytes) {
-    const uintptr_t o0 = (uintptr_t) out->data, o1 = o0 + ggml_nbytes(out);
-    const uintptr_t i0 = (uintptr_t) in_data, i1 = i0 + in_bytes;
-    return o1 <= i0 || i1 <= o0 || ((const char *) out->data == in_data && (out->ne[1] == 1 || out->nb[1] == in_row));
-}
-
 // Predicate first; each miss names its reason (GGML_FLASHRT_DEBUG=1 prints them).
 flashrt_match flashrt_match_moe_tail(const ggml_cgraph * cgraph, int i) {
     moe_tail_run r;
@@ -131,24 +123,15 @@ flashrt_match flashrt_match_moe_tail(const ggml_cgraph * cgraph, int i) {
     }
     // Only the output may be read after the run, and nothing in it may be a graph output: every
     // other node's uses (ggml's use counts) lie inside the run.
-    thread_local std::vector<const ggml_tensor *> read_in_run;
-    read_in_run.clear();
     for (int u = i; u <= r.end; ++u) {
-        const ggml_tensor * t = cgraph->nodes[u];
-        if ((t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+        if ((cgraph->nodes[u]->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
             return flashrt_miss("a node of the run is not to be computed");
         }
-        for (const ggml_tensor * src : t->src) {
-            if (src != nullptr) {
-                read_in_run.push_back(src);
-            }
-        }
     }
-    std::sort(read_in_run.begin(), read_in_run.end());
+    thread_local std::vector<const ggml_tensor *> read_in_run;
+    flashrt_collect_run_reads(cgraph, i, r.end, read_in_run);
     for (int u = i; u < r.end; ++u) {
-        const ggml_tensor * t = cgraph->nodes[u];
-        const auto          uses = std::equal_range(read_in_run.begin(), read_in_run.end(), t);
-        if ((t->flags & GGML_TENSOR_FLAG_OUTPUT) || (int) (uses.second - uses.first) != ggml_node_get_use_count(cgraph, u)) {
+        if ((cgraph->nodes[u]->flags & GGML_TENSOR_FLAG_OUTPUT) || !flashrt_read_only_in_run(cgraph, u, read_in_run)) {
             return flashrt_miss("an intermediate value is read after the run");
         }
     }
@@ -162,8 +145,7 @@ flashrt_match flashrt_match_moe_tail(const ggml_cgraph * cgraph, int i) {
         experts_safe = (const char *) r.out->data == (const char *) r.experts->data + k * r.experts->nb[1] &&
                        (r.tokens == 1 || r.out->nb[1] == r.experts->nb[2]);
     }
-    if (!experts_safe || !column_safe(r.out, (const char *) r.shexp->data, r.shexp->nb[1], ggml_nbytes(r.shexp)) ||
-        !column_safe(r.out, (const char *) r.residual->data, r.residual->nb[1], ggml_nbytes(r.residual))) {
+    if (!experts_safe || !flashrt_same_or_disjoint(r.out, r.shexp) || !flashrt_same_or_disjoint(r.out, r.residual)) {
         return flashrt_miss("memory: the output overlaps an input other than element for element");
     }
     return flashrt_hit(r.end + 1 - i);

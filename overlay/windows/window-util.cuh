@@ -4,7 +4,9 @@
 
 #include "../registry.cuh"
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 // Nodes that launch nothing (ggml-cuda skips them too).
 inline bool flashrt_is_view(const ggml_tensor * t) {
@@ -49,3 +51,25 @@ inline bool flashrt_same_or_disjoint(const ggml_tensor * out, const ggml_tensor 
                        __FILE__, __LINE__);                                                      \
         }                                                                                        \
     } while (0)
+
+// What the nodes [first, last] of a run read, for flashrt_read_only_in_run: every source, sorted
+// (a sorted list, not a hash map: predicates run at every uncaptured evaluation).
+inline void flashrt_collect_run_reads(const ggml_cgraph * cgraph, int first, int last,
+                                      std::vector<const ggml_tensor *> & reads) {
+    reads.clear();
+    for (int u = first; u <= last; ++u) {
+        for (const ggml_tensor * src : cgraph->nodes[u]->src) {
+            if (src != nullptr) {
+                reads.push_back(src);
+            }
+        }
+    }
+    std::sort(reads.begin(), reads.end());
+}
+
+// Whether node j has all its uses (ggml's use counts) among `reads` (flashrt_collect_run_reads of
+// a run): nothing after the run reads it.
+inline bool flashrt_read_only_in_run(const ggml_cgraph * cgraph, int j, const std::vector<const ggml_tensor *> & reads) {
+    const auto uses = std::equal_range(reads.begin(), reads.end(), cgraph->nodes[j]);
+    return (int) (uses.second - uses.first) == ggml_node_get_use_count(cgraph, j);
+}

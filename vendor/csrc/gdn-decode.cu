@@ -36,6 +36,14 @@ static __device__ __forceinline__ float gdn_conv_silu(const float (&x)[conv_taps
     return gdn_silu(sumf);
 }
 
+// Channel c's conv taps.
+static __device__ __forceinline__ void gdn_load_taps(float (&w)[conv_taps], const float * conv_w, int c) {
+#pragma unroll
+    for (int j = 0; j < conv_taps; ++j) {
+        w[j] = conv_w[c * conv_taps + j];
+    }
+}
+
 // A value head's gates: g = softplus(alpha + dt_bias) * a (its exp is taken by the delta rule) and
 // sigmoid(beta), as stock's add, softplus-mul and sigmoid kernels compute them.
 static __device__ __forceinline__ void gdn_gates(float alpha, float dt_bias, float a, float beta, float & g, float & b) {
@@ -102,10 +110,7 @@ static __global__ void __launch_bounds__(head_dim) frt_gdn_prep_kernel(const frt
     const int c = blockIdx.x * head_dim + t;
     float     w[conv_taps];
     if (a.weights_constant) {
-#pragma unroll
-        for (int j = 0; j < conv_taps; ++j) {
-            w[j] = a.conv_w[c * conv_taps + j];
-        }
+        gdn_load_taps(w, a.conv_w, c);
     }
     // The window [old0, old1, old2, new] of every sequence, all reads first. A sequence's old
     // columns are read from its own row before the wait: the window runs only when no node of the
@@ -125,10 +130,7 @@ static __global__ void __launch_bounds__(head_dim) frt_gdn_prep_kernel(const frt
     }
     frt_pdl_wait();
     if (!a.weights_constant) {
-#pragma unroll
-        for (int j = 0; j < conv_taps; ++j) {
-            w[j] = a.conv_w[c * conv_taps + j];
-        }
+        gdn_load_taps(w, a.conv_w, c);
     }
 #pragma unroll
     for (int s = 0; s < max_seqs; ++s) {
@@ -366,25 +368,17 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
             x[j] = old[j];
         }
     }
-    float norm_w = 0.0f;
-    if (a.weights_constant) {
+    // Weights nothing on the stream writes before the wait, others after it.
+    const auto load_weights = [&]() {
         if (c >= 0) {
-#pragma unroll
-            for (int j = 0; j < conv_taps; ++j) {
-                w[j] = a.conv_w[c * conv_taps + j];
-            }
+            gdn_load_taps(w, a.conv_w, c);
         }
-        norm_w = warp < 4 ? a.norm_w[warp * 32 + lane] : 0.0f;
-    }
+        return warp < 4 ? a.norm_w[warp * 32 + lane] : 0.0f;
+    };
+    float norm_w = a.weights_constant ? load_weights() : 0.0f;
     frt_pdl_wait();
     if (!a.weights_constant) {
-        if (c >= 0) {
-#pragma unroll
-            for (int j = 0; j < conv_taps; ++j) {
-                w[j] = a.conv_w[c * conv_taps + j];
-            }
-        }
-        norm_w = warp < 4 ? a.norm_w[warp * 32 + lane] : 0.0f;
+        norm_w = load_weights();
     }
     const int row = a.ids[0];
     if (row != a.dst_row) {
