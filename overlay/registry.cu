@@ -31,16 +31,17 @@ static const flashrt_window flashrt_registry[] = {
       flashrt_match_attnqkv, flashrt_run_attnqkv, flashrt_prepare_attnqkv, flashrt_run_claimed_attnqkv },
     { "HEAD", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
       flashrt_match_head, flashrt_run_head, flashrt_prepare_head, flashrt_run_claimed_head },
-    // full until measured on a GPU (FRT_ROUTER_SWAP=1 turns it on).
-    { "ROUTER", flashrt_tier::full, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
+    // safe: with MOE_TAIL and GDN's one launch, tg128 1.192x -> 1.236x stock and parity bit-for-bit
+    // on the 4- and 40-layer models (bench/results/2026-12-01-8f50942-h200-router-moe-tail).
+    { "ROUTER", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
       flashrt_match_router, flashrt_run_router, flashrt_prepare_router, flashrt_run_claimed_router },
     // Before MATVEC: at the experts' gate/up it takes the shared expert along (MATVEC leaves it).
     { "SHEXP_FOLD", flashrt_tier::safe, 900, { GGML_OP_MUL_MAT_ID, GGML_OP_COUNT },
       flashrt_match_shexp_fold, flashrt_run_shexp_fold, flashrt_prepare_shexp_fold },
     { "MATVEC", flashrt_tier::safe, 900, { GGML_OP_MUL_MAT, GGML_OP_MUL_MAT_ID },
       flashrt_match_matvec, flashrt_run_matvec, flashrt_prepare_matvec },
-    // full until measured on a GPU (FRT_MOE_TAIL_SWAP=1 turns it on).
-    { "MOE_TAIL", flashrt_tier::full, 900, { GGML_OP_MUL, GGML_OP_COUNT },
+    // safe: measured with ROUTER (above).
+    { "MOE_TAIL", flashrt_tier::safe, 900, { GGML_OP_MUL, GGML_OP_COUNT },
       flashrt_match_moe_tail, flashrt_run_moe_tail, nullptr },
 };
 

@@ -335,7 +335,8 @@ flashrt_match flashrt_match_gdn(const ggml_cgraph * cgraph, int i) {
 
 // Per context: the flags through which, in the one-launch path, the value heads sharing a key head
 // get its q and k (frt_gdn_decode_args::flags): zeroed once outside capture, zero after each
-// launch. Opt-in until measured on a GPU: GGML_FLASHRT_GDN_ONE_LAUNCH=1.
+// launch. On by default (measured with ROUTER and MOE_TAIL, registry.cu); GGML_FLASHRT_GDN_ONE_LAUNCH=0
+// keeps two launches.
 constexpr int gdn_max_key_heads = 256;
 
 struct gdn_flags_table {
@@ -351,7 +352,7 @@ static gdn_flags_table & gdn_flags() {
 static bool gdn_one_launch_enabled() {
     static const bool enabled = [] {
         const char * v = std::getenv("GGML_FLASHRT_GDN_ONE_LAUNCH");
-        return v != nullptr && std::strcmp(v, "1") == 0;
+        return v == nullptr || std::strcmp(v, "0") != 0;
     }();
     return enabled;
 }

@@ -5,8 +5,8 @@
 //   GET_ROWS(conv cache) -> CONCAT(., qkv^T) -> CPY(conv cache) ; GET_ROWS(ssm cache) ;
 //   SSM_CONV -> SILU -> q, k: RMS_NORM -> SCALE ; alpha: ADD(dt) -> SOFTPLUS -> MUL(a) ;
 //   beta: SIGMOID ; GATED_DELTA_NET -> CPY(ssm cache) ; RMS_NORM -> MUL(w) ; SILU(z) -> MUL
-// as two kernels (vendor/csrc/gdn-decode.cuh) where stock runs ~12 (one for a single sequence with
-// GGML_FLASHRT_GDN_ONE_LAUNCH=1).
+// as two kernels (vendor/csrc/gdn-decode.cuh) where stock runs ~12; one for a single sequence
+// (GGML_FLASHRT_GDN_ONE_LAUNCH=0 keeps two).
 // The states are read and written in place in the caches. The input projections (qkv, z, alpha, beta) must be computed
 // before the block: the graph order INPROJ sets up (graph-order.cu).
 
