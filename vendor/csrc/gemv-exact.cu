@@ -45,7 +45,7 @@ static constexpr int kExactMaxRows = 64;  // rows a block
 static constexpr int kExactBlocksPerSm = 2;  // at most 64 registers a thread
 
 // One segment as the kernel reads it: blocks [block_begin, block_begin + slots x chunks) of the
-// launch, chunk c of slot s holding rows [c x rows_per_block, ...) of matrix `slot s`.
+// launch, chunk c of slot s holding rows [c x chunk_rows, ...) of matrix `slot s`.
 struct exact_seg {
     const uint8_t * w;
     float *         out;
@@ -54,6 +54,7 @@ struct exact_seg {
     const uint8_t * w_gate;  // FRT_GEMV_SWIGLU: the gate matrix (its rows staged after w's)
     int64_t         row_stride, out_stride, residual_stride, expert_stride;
     int             type, rows, epilogue, n_experts, chunks, block_begin;
+    int             chunk_rows;  // rows a block (at most exact_params::rows_per_block)
     int             stage_unit;  // bytes a cp.async copies when the rows are staged (16 or 4), 0: read in place
 };
 
@@ -546,8 +547,8 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     }
     const exact_seg & s     = p.seg[si];
     const int         local = blockIdx.x - s.block_begin;
-    const int         slot = local / s.chunks, row0 = local % s.chunks * p.rows_per_block;
-    const int         n    = min(p.rows_per_block, s.rows - row0);
+    const int         slot = local / s.chunks, row0 = local % s.chunks * s.chunk_rows;
+    const int         n    = min(s.chunk_rows, s.rows - row0);
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
@@ -640,15 +641,19 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         }
     }
     // Rows a block: the launch's rows over one wave of blocks, a multiple of 4 (rows of k = 512
-    // go 2 or 4 to a block side by side), as many as shared memory takes when staged.
+    // go 2 or 4 to a block side by side), as many as shared memory takes when staged. The segment
+    // with the most rows sets that number; a segment of wider rows takes fewer a block (the INPROJ
+    // pack's 32-row Q8_0 alpha and beta, 2176 bytes a row, had cut every block to 36 Q4_K rows and
+    // the launch to 1.3 waves).
     int     total = 0;
-    int64_t widest = 0;  // the longest staged row
+    int64_t main_width = 0, main_rows = 0;  // the staged segment with the most rows
     int     units[FRT_GEMV_MAX_SEGMENTS];
     bool    q8 = false, f32 = false;
     exact_layout(a, p.smem_xm, p.smem_xf, p.smem_part, q8, f32);
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
-        total += (s.ids != nullptr ? s.n_used : 1) * s.rows;
+        const int64_t seg_rows = (int64_t) (s.ids != nullptr ? s.n_used : 1) * s.rows;
+        total += (int) seg_rows;
         // Staged in 16-byte copies when every row start (and expert matrix) is 16-byte aligned, else
         // 4-byte ones; 2-byte aligned GGUF rows are read in place, and so are F32 rows in a launch
         // with quantized ones (their width would cut the quantized rows a block takes).
@@ -656,8 +661,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
                                (uint64_t) (s.ids != nullptr ? s.expert_stride : 0) |
                                (uint64_t) (s.type == FRT_GEMV_F32 ? a.k * sizeof(float) : 0);  // the copy's length
         units[i] = s.type == FRT_GEMV_F32 && q8 ? 0 : align % 16 == 0 ? 16 : align % 4 == 0 ? 4 : 0;
-        if (units[i] != 0) {
-            widest = std::max(widest, s.row_stride);
+        if (units[i] != 0 && seg_rows > main_rows) {
+            main_rows  = seg_rows;
+            main_width = s.row_stride;
         }
     }
     p.need_q8        = q8;
@@ -665,14 +671,29 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     const int wave   = dev.sms * kExactBlocksPerSm;
     int       rows   = std::min(kExactMaxRows, std::max(4, ((total + wave - 1) / wave + 3) / 4 * 4));
     const int copies = exact_row_copies(a);
-    if (widest > 0) {  // as many as fit in shared memory with their sums
-        rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (copies * (widest + kStockThreads * 4)) / 4 * 4));
+    if (main_width > 0) {  // as many as fit in shared memory with their sums
+        rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (copies * (main_width + kStockThreads * 4)) / 4 * 4));
     }
-    p.smem_stage       = p.smem_part + copies * rows * kStockThreads * (int) sizeof(float);  // after the sums
-    const int  staged  = p.smem_stage + (int) (copies * rows * widest);
-    const bool stage   = staged <= kMaxSmem;  // else (rows of over 20 KB) every row in place
-    const int  smem    = stage ? staged : p.smem_stage;
-    p.rows_per_block   = rows;
+    p.smem_stage = p.smem_part + copies * rows * kStockThreads * (int) sizeof(float);  // after the sums
+    p.rows_per_block = rows;
+    // Each staged segment's rows a block: `rows`, or as many of its wider rows as fit (at least 4:
+    // else its rows are read in place).
+    int chunk_rows[FRT_GEMV_MAX_SEGMENTS];
+    int staged = p.smem_stage;
+    for (int i = 0; i < a.n_segments; ++i) {
+        chunk_rows[i] = rows;
+        if (units[i] == 0) {
+            continue;
+        }
+        const int64_t fit = (kMaxSmem - p.smem_stage) / (copies * a.seg[i].row_stride) / 4 * 4;
+        if (fit < 4) {
+            units[i] = 0;  // rows of over 20 KB
+            continue;
+        }
+        chunk_rows[i] = (int) std::min<int64_t>(rows, fit);
+        staged = std::max(staged, p.smem_stage + (int) (copies * chunk_rows[i] * a.seg[i].row_stride));
+    }
+    const int smem = staged;
     int blocks         = 0;
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
@@ -690,9 +711,10 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.rows            = s.rows;
         q.epilogue        = s.epilogue;
         q.n_experts       = s.n_experts;
-        q.chunks          = (s.rows + rows - 1) / rows;
+        q.chunk_rows      = chunk_rows[i];
+        q.chunks          = (s.rows + q.chunk_rows - 1) / q.chunk_rows;
         q.block_begin     = blocks;
-        q.stage_unit      = stage ? units[i] : 0;
+        q.stage_unit      = units[i];
         blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
     }
     return a.seg[0].epilogue == FRT_GEMV_SWIGLU ? exact_launch<frt_gemv_exact_kernel<true>>(device, blocks, smem, stream, p)
