@@ -36,6 +36,8 @@
 
 #include "gemv-impl.cuh"
 
+#include <cfloat>
+
 static constexpr int kStockThreads = 128;  // stock mmvq's block for one token: the threads of a row
 // A block: 4 rows' worth of stock's threads side by side, 2 blocks an SM. Large blocks because
 // every block norms and quantizes x itself: 2 blocks an SM do that 264 times a launch on the H200
@@ -69,6 +71,13 @@ struct exact_params {
     int           n_segments, rows_per_block, smem_xm, smem_xf, smem_part, smem_stage;
     int           need_q8, need_f32;
     int           f32_block;  // mmvf's block size for k columns
+    // The routed experts' selection computed in the launch (frt_gemv_args::route_logits): experts
+    // a lane (n_experts / 32), 0 when the launch does not route.
+    const float * route_logits;
+    int32_t *     route_ids;
+    float *       route_weights;
+    int           route_ept, route_n_used, route_norm;
+    float         route_clamp, route_scale;
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
 };
 
@@ -95,6 +104,123 @@ static __device__ __forceinline__ float exact_warp_sum(float v) {
         v += __shfl_xor_sync(kFull, v, offset);
     }
     return v;
+}
+
+// The same butterfly taking the maximum, as ggml-cuda's warp_reduce_max.
+static __device__ __forceinline__ float exact_warp_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(kFull, v, offset));
+    }
+    return v;
+}
+
+// The routed experts of the launch's token, with one warp, as ggml-cuda's fused top-k
+// (topk-moe.cu: topk_moe_cuda with a softmax gate, no bias, no delayed softmax) selects them:
+// lane l holds experts l, l + 32, ... (EPT of them); the softmax (maximum, then exp(v - max)
+// summed in a lane in order and across the warp by the butterfly, then times 1 / sum); a NaN
+// probability made -FLT_MAX; n_used (<= 32) rounds of an argmax (a lane's own experts in order,
+// then the butterfly, ties to the lower expert), each round's winner taken out, its weight kept by
+// lane `round` and added, when normalising, to the sum of the lane that owns the expert; that sum
+// across the warp, max(sum, clamp), the weights times 1 / sum; the written weight times the scale.
+// ids[] (shared memory) receives the experts in selection order; block 0 writes the weights.
+template <int EPT>
+static __device__ void exact_route_warp(const exact_params & p, int * ids) {
+    const int lane = threadIdx.x % 32;
+    float     wt[EPT];
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+        wt[i] = p.route_logits[i * 32 + lane];
+    }
+    float max_val = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+        max_val = fmaxf(max_val, wt[i]);
+    }
+    max_val   = exact_warp_max(max_val);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+        const float val = expf(wt[i] - max_val);
+        wt[i]           = val;
+        sum += val;
+    }
+    sum                 = exact_warp_sum(sum);
+    const float inv_sum = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+        wt[i] *= inv_sum;
+    }
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+        if (__isnanf(wt[i])) {
+            wt[i] = -FLT_MAX;
+        }
+    }
+    float weight = 0.0f;  // round `lane`'s (stock's output_weights[0]: n_used <= 32 leaves the rest zero)
+    float wt_sum = 0.0f;
+    uint32_t taken  = 0;  // bit i: expert lane + 32 i chosen (stock sets its probability to -inf)
+    const auto prob = [&](int i) { return (taken >> i) & 1 ? -INFINITY : wt[i]; };
+    for (int k = 0; k < p.route_n_used; ++k) {
+        float max_v = prob(0);
+        int   max_e = lane;
+#pragma unroll
+        for (int i = 1; i < EPT; ++i) {
+            if (prob(i) > max_v) {
+                max_v = prob(i);
+                max_e = lane + i * 32;
+            }
+        }
+#pragma unroll
+        for (int mask = 16; mask > 0; mask /= 2) {
+            const float v = __shfl_xor_sync(kFull, max_v, mask);
+            const int   e = __shfl_xor_sync(kFull, max_e, mask);
+            if (v > max_v || (v == max_v && e < max_e)) {
+                max_v = v;
+                max_e = e;
+            }
+        }
+        if ((max_e & 31) == lane) {
+            taken |= 1u << (max_e / 32);
+        }
+        if (k == lane) {
+            weight = max_v;
+        }
+        if ((max_e & 31) == lane) {
+            ids[k] = max_e;
+            if (p.route_norm) {
+                wt_sum += max_v;
+            }
+        }
+    }
+    if (p.route_norm) {
+        wt_sum             = exact_warp_sum(wt_sum);
+        wt_sum             = fmaxf(wt_sum, p.route_clamp);
+        const float inv    = 1.0f / wt_sum;
+        weight *= inv;
+    }
+    if (blockIdx.x == 0 && lane < p.route_n_used) {
+        p.route_weights[lane] = weight * p.route_scale;
+    }
+}
+
+// The launch's routing (after the wait: the logits come from the previous kernel) into ids[] for
+// the whole block; block 0 also writes the ids for the kernels after the launch. Every thread of
+// the block calls it.
+static __device__ void exact_route(const exact_params & p, int * ids) {
+    if (threadIdx.x < 32) {
+        switch (p.route_ept) {
+            case 1:  exact_route_warp<1>(p, ids); break;
+            case 2:  exact_route_warp<2>(p, ids); break;
+            case 4:  exact_route_warp<4>(p, ids); break;
+            case 8:  exact_route_warp<8>(p, ids); break;
+            default: exact_route_warp<16>(p, ids); break;
+        }
+    }
+    __syncthreads();
+    if (blockIdx.x == 0 && (int) threadIdx.x < p.route_n_used) {
+        p.route_ids[threadIdx.x] = ids[threadIdx.x];
+    }
 }
 
 // The scales and mins (6 bits each) of sub-blocks j and j + 1 of a Q4_K block (j even), packed as
@@ -372,11 +498,11 @@ static __device__ __forceinline__ void exact_copy(uint8_t * dst, const uint8_t *
 // The matrix of slot `slot` (after the wait: expert ids come from an earlier kernel): adds its
 // offset in the stacked tensor to `off` and returns true, or false for an expert id out of range
 // (its rows are then NaN).
-static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slot, int64_t & off) {
+static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slot, int64_t & off, const int * routed) {
     if (s.ids == nullptr) {
         return true;
     }
-    const int expert = s.ids[slot];
+    const int expert = routed != nullptr ? routed[slot] : s.ids[slot];
     if (expert < 0 || expert >= s.n_experts) {
         return false;
     }
@@ -387,14 +513,22 @@ static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slo
 // Waits for the previous kernel and stages the block's rows with `copy` (issuing their cp.async
 // copies from s.w + off): dense rows before the wait (no kernel writes weights), so that their
 // latency overlaps that kernel's tail; expert rows after it, once their matrix is known
-// (exact_matrix, which moves `off` to it). Returns whether the slot has a matrix.
+// (exact_matrix, which moves `off` to it). Returns whether the slot has a matrix. A launch that
+// routes selects the experts here, in the blocks of expert segments and in block 0 (which writes
+// the selection out).
 template <bool STAGED, typename COPY>
-static __device__ __forceinline__ bool exact_wait_and_stage(const exact_seg & s, int slot, int64_t & off, COPY copy) {
+static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params & p, const exact_seg & s, int slot,
+                                                            int64_t & off, COPY copy) {
     if (STAGED && s.ids == nullptr) {
         copy();
     }
     frt_pdl_wait();
-    const bool valid = exact_matrix(s, slot, off);
+    __shared__ int routed[32];
+    const bool     route = p.route_ept != 0 && (s.ids != nullptr || blockIdx.x == 0);
+    if (route) {
+        exact_route(p, routed);
+    }
+    const bool valid = exact_matrix(s, slot, off, route ? routed : nullptr);
     if (STAGED && valid && s.ids != nullptr) {
         copy();
     }
@@ -428,7 +562,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             exact_copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
         }
     };
-    const bool valid = exact_wait_and_stage<STAGED>(s, slot, off, stage_rows);
+    const bool valid = exact_wait_and_stage<STAGED>(p, s, slot, off, stage_rows);
     const int      at   = exact_prologue(p, vec, smem);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
@@ -517,7 +651,7 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     uint8_t *     stage = smem + p.smem_stage;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
-    const bool valid = exact_wait_and_stage<STAGED>(s, slot, off, [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
+    const bool valid = exact_wait_and_stage<STAGED>(p, s, slot, off, [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
     const int     at   = exact_prologue(p, vec, smem);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;
@@ -631,6 +765,20 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out        = a.x_normed;
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
+    if (a.route_logits != nullptr) {
+        p.route_logits  = a.route_logits;
+        p.route_ids     = a.route_ids;
+        p.route_weights = a.route_weights;
+        p.route_ept     = a.route_n_experts / 32;
+        p.route_norm    = a.route_norm ? 1 : 0;
+        p.route_clamp   = a.route_clamp;
+        p.route_scale   = a.route_scale;
+        for (int i = 0; i < a.n_segments; ++i) {
+            if (a.seg[i].ids != nullptr) {
+                p.route_n_used = a.seg[i].n_used;
+            }
+        }
+    }
     // mmvf's block: the smallest of 32, 64, ... 256 threads with the fewest passes over k / 2 pairs.
     p.f32_block    = 32;
     for (int block = 64, best = (a.k + 63) / 64; block <= 256; block += 32) {

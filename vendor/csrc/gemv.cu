@@ -219,6 +219,37 @@ static const char * gemv_bulk_unsupported(const frt_gemv_args & a) {
     return frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem);
 }
 
+// The exact kernel's routing (frt_gemv_args::route_logits): one warp's selection as ggml-cuda's
+// instances make it (a multiple of 32 experts, a lane's share a power of two), at most a warp of
+// selected experts, every expert segment reading the selection.
+static const char * gemv_route_unsupported(const frt_gemv_args & a) {
+    if (a.route_logits == nullptr) {
+        return nullptr;
+    }
+    const int n = a.route_n_experts;
+    if (n != 32 && n != 64 && n != 128 && n != 256 && n != 512) {
+        return "frt_gemv: routing over 32, 64, 128, 256 or 512 experts";
+    }
+    if (a.route_ids == nullptr || a.route_weights == nullptr) {
+        return "frt_gemv: routing writes ids and weights";
+    }
+    int n_used = 0;
+    for (int i = 0; i < a.n_segments; ++i) {
+        const frt_gemv_segment & s = a.seg[i];
+        if (s.ids == nullptr) {
+            continue;
+        }
+        if (s.ids != a.route_ids || s.n_experts != n || (n_used != 0 && s.n_used != n_used)) {
+            return "frt_gemv: a routed launch's expert segments read the routed ids";
+        }
+        n_used = s.n_used;
+    }
+    if (n_used < 1 || n_used > 32) {
+        return "frt_gemv: routing selects 1 to 32 experts for at least one expert segment";
+    }
+    return nullptr;
+}
+
 static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
     gemv_params p;
     int         stage_bytes = 0, direct = -1;
@@ -243,6 +274,9 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
             return "frt_gemv: the exact kernel takes contiguous rows";
         }
     }
+    if (const char * why = gemv_route_unsupported(a)) {
+        return why;
+    }
     int smem_xm = 0, smem_xf = 0;
     if (frt_gemv_exact_layout(a, smem_xm, smem_xf) > kMaxSmem) {
         return "frt_gemv: the inputs do not fit in shared memory";
@@ -252,6 +286,9 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
 
 const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
     if (kernel != FRT_GEMV_KERNEL_EXACT) {
+        if (a.route_logits != nullptr) {
+            return "frt_gemv: only the exact kernel selects the routed experts";
+        }
         for (int i = 0; i < a.n_segments; ++i) {
             if (a.seg[i].epilogue == FRT_GEMV_SWIGLU) {
                 return "frt_gemv: only the exact kernel has the FRT_GEMV_SWIGLU epilogue";

@@ -131,6 +131,20 @@ struct frt_gemv_args {
     int64_t       x_normed_stride;
     int           n_segments;
     frt_gemv_segment seg[FRT_GEMV_MAX_SEGMENTS];
+    // Exact kernel only: non-null, the routed experts are selected in the launch from these
+    // route_n_experts router logits (one token), as ggml-cuda's fused top-k selects them for a
+    // softmax gate (topk_moe_cuda: softmax, n_used rounds of argmax with ties to the lower expert,
+    // the chosen probabilities as weights, divided by max(their sum, route_clamp) when route_norm,
+    // times route_scale). Every expert segment must then read its ids from route_ids, where block 0
+    // writes the n_used selected experts (and the weights to route_weights) for the kernels after
+    // the launch; neither may overlap the logits, x or an output.
+    const float * route_logits;
+    int           route_n_experts;  // 32, 64, 128, 256 or 512
+    bool          route_norm;
+    float         route_clamp;
+    float         route_scale;
+    int32_t *     route_ids;
+    float *       route_weights;
 };
 
 // Which kernel frt_gemv runs. AUTO: the fastest measured, today the register kernel everywhere

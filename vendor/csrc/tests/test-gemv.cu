@@ -542,15 +542,76 @@ __global__ void glu_reference(const float * up, const float * gate, float * out,
     }
 }
 
+// The routing's reference (frt_gemv_args::route_logits), one thread playing ggml-cuda's fused
+// top-k warp lane by lane: each lane's partial sums in order and the butterflies spelled out
+// (lane l adds lane l ^ offset's value, offsets 16 ... 1), the argmax rounds as the highest
+// probability not yet chosen, ties to the lower expert (what the warp's butterfly finds). Writes
+// the ids and the weights (normalised by max(sum, clamp), times scale).
+__global__ void route_reference(const float * logits, int n_experts, int n_used, float clamp, float scale,
+                                int32_t * ids, float * weights) {
+    const auto butterfly_sum = [](float * v) {
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            float next[32];
+            for (int l = 0; l < 32; ++l) {
+                next[l] = v[l] + v[l ^ offset];
+            }
+            for (int l = 0; l < 32; ++l) {
+                v[l] = next[l];
+            }
+        }
+        return v[0];
+    };
+    float prob[512];
+    float max_val = -INFINITY;
+    for (int e = 0; e < n_experts; ++e) {
+        max_val = fmaxf(max_val, logits[e]);
+    }
+    float lane_sum[32] = {};
+    for (int i = 0; i < n_experts / 32; ++i) {  // lane l adds its experts l, l + 32, ... in order
+        for (int l = 0; l < 32; ++l) {
+            prob[i * 32 + l] = expf(logits[i * 32 + l] - max_val);
+            lane_sum[l] += prob[i * 32 + l];
+        }
+    }
+    const float inv_sum = 1.0f / butterfly_sum(lane_sum);
+    for (int e = 0; e < n_experts; ++e) {
+        prob[e] *= inv_sum;
+    }
+    float chosen_sum[32] = {};
+    float chosen[32];
+    for (int k = 0; k < n_used; ++k) {
+        int best = -1;
+        for (int e = 0; e < n_experts; ++e) {
+            if (prob[e] != -INFINITY && (best < 0 || prob[e] > prob[best])) {
+                best = e;
+            }
+        }
+        ids[k]    = best;
+        chosen[k] = prob[best];
+        chosen_sum[best % 32] += prob[best];
+        prob[best] = -INFINITY;
+    }
+    const float inv = 1.0f / fmaxf(butterfly_sum(chosen_sum), clamp);
+    for (int k = 0; k < n_used; ++k) {
+        weights[k] = chosen[k] * inv * scale;
+    }
+}
+
 // A gate/up pair with the FRT_GEMV_SWIGLU epilogue (exact kernel): every output bit for bit the
 // plain launches' up and gate sums (themselves checked against mmvq's order by run_case) put
-// through glu_reference; NaN rows for an expert id out of range; the padding untouched.
+// through glu_reference; NaN rows for an expert id out of range; the padding untouched. Routed:
+// the launch selects 8 of n_experts from logits (distinct values 0.05 apart, shuffled, so the
+// selection cannot depend on rounding), and the plain launches read route_reference's ids; the
+// launch's ids and weights must equal route_reference's bit for bit, the ids the 8 largest logits
+// in order, and the weights the float64 softmax's within 1e-5.
 struct glu_case {
     std::string   name;
     frt_gemv_type type;
     int           k, rows, n_experts;  // n_experts 0: dense
     bool          with_dense;          // a dense pair in the same launch (the shared expert's)
     bool          norm;
+    bool          routed      = false;
+    bool          dense_first = false;  // the dense pair's segment first (block 0 is a dense block)
 };
 
 bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
@@ -567,12 +628,27 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
     for (int j = 0; j < n_used; ++j) {
         ids[j] = (int) (rng() % (uint64_t) gc.n_experts);
     }
-    if (n_used > 0) {
+    if (n_used > 0 && !gc.routed) {
         ids[n_used / 2] = gc.n_experts + 1;  // out of range: NaN rows
     }
+    std::vector<float> logits(gc.routed ? gc.n_experts : 0);
+    for (size_t e = 0; e < logits.size(); ++e) {
+        logits[e] = 0.05f * ((float) e - (float) logits.size() / 2);
+    }
+    std::shuffle(logits.begin(), logits.end(), rng);
+    const float kClamp = 6.103515625e-5f, kScale = 1.0f;  // llama.cpp's clamp of the weights' sum
+    float *   d_logits        = gc.routed ? upload(logits) : nullptr;
+    int32_t * d_route_ids     = gc.routed ? upload(std::vector<int32_t>(n_used, -7)) : nullptr;
+    float *   d_route_weights = gc.routed ? upload_poisoned(n_used) : nullptr;
+    float *   d_ref_weights   = gc.routed ? upload_poisoned(n_used) : nullptr;
     float *   d_x    = upload(x);
     float *   d_norm = upload(norm);
     int32_t * d_ids  = n_used > 0 ? upload(ids) : nullptr;
+    if (gc.routed) {
+        route_reference<<<1, 1>>>(d_logits, gc.n_experts, n_used, kClamp, kScale, d_ids, d_ref_weights);
+        CHECK(cudaDeviceSynchronize());
+        ids = download(d_ids, n_used);
+    }
     struct pair {
         int       rows, slots, matrices;
         bool      experts;
@@ -595,11 +671,14 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
         }
         pairs.push_back(p);
     };
-    if (gc.n_experts > 0) {
+    if (gc.n_experts > 0 && !gc.dense_first) {
         add_pair(gc.rows, true);
     }
     if (gc.with_dense || gc.n_experts == 0) {
         add_pair(gc.rows / 2 + 1, false);
+    }
+    if (gc.n_experts > 0 && gc.dense_first) {
+        add_pair(gc.rows, true);
     }
     // which: 0 the GLU launch, 1 up alone, 2 gate alone.
     const auto launch = [&](int which) {
@@ -626,12 +705,21 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
                 s.w_gate   = p.gate;
             }
             if (p.experts) {
-                s.ids           = d_ids;
+                s.ids           = which == 0 && gc.routed ? d_route_ids : d_ids;
                 s.ids_stride    = n_used;
                 s.n_used        = n_used;
                 s.n_experts     = gc.n_experts;
                 s.expert_stride = (int64_t) p.rows * row_bytes;
             }
+        }
+        if (which == 0 && gc.routed) {
+            a.route_logits    = d_logits;
+            a.route_n_experts = gc.n_experts;
+            a.route_norm      = true;
+            a.route_clamp     = kClamp;
+            a.route_scale     = kScale;
+            a.route_ids       = d_route_ids;
+            a.route_weights   = d_route_weights;
         }
         if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
             std::printf("     %s: refused: %s\n", gc.name.c_str(), why);
@@ -642,6 +730,34 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
     };
     bool ok = launch(0) && launch(1) && launch(2);
     int64_t checked = 0, bad = 0;
+    if (gc.routed) {
+        CHECK(cudaDeviceSynchronize());
+        const std::vector<int32_t>  got_ids = download(d_route_ids, n_used);
+        const std::vector<uint32_t> got_w   = download((const uint32_t *) d_route_weights, n_used);
+        const std::vector<uint32_t> want_w  = download((const uint32_t *) d_ref_weights, n_used);
+        // The float64 view: the n_used largest logits in order, their softmax normalised.
+        std::vector<int> order(gc.n_experts);
+        for (int e = 0; e < gc.n_experts; ++e) {
+            order[e] = e;
+        }
+        std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+        double chosen_sum = 0.0;
+        for (int j = 0; j < n_used; ++j) {
+            chosen_sum += std::exp((double) logits[order[j]]);
+        }
+        for (int j = 0; j < n_used; ++j) {
+            float w;
+            std::memcpy(&w, &got_w[j], 4);
+            const double want64 = std::exp((double) logits[order[j]]) / chosen_sum;
+            const bool   good   = got_ids[j] == ids[j] && got_ids[j] == order[j] && got_w[j] == want_w[j] &&
+                              std::fabs(w - want64) <= 1e-5 * want64;
+            ++checked;
+            if (!good && bad++ < 5) {
+                std::printf("     %s routed slot %d: expert %d weight %.9g, want expert %d (largest: %d) weight %.9g\n",
+                            gc.name.c_str(), j, got_ids[j], w, ids[j], order[j], want64);
+            }
+        }
+    }
     for (const pair & p : pairs) {
         const size_t n = (size_t) p.slots * (p.rows + 3);
         float *      d_want = nullptr;
@@ -673,8 +789,11 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
     }
     CHECK(cudaFree(d_x));
     CHECK(cudaFree(d_norm));
-    if (d_ids != nullptr) {
-        CHECK(cudaFree(d_ids));
+    for (void * m : { (void *) d_ids, (void *) d_logits, (void *) d_route_ids, (void *) d_route_weights,
+                      (void *) d_ref_weights }) {
+        if (m != nullptr) {
+            CHECK(cudaFree(m));
+        }
     }
     ok = ok && bad == 0;
     std::printf("%-4s %-34s exact k=%5d outputs=%9" PRId64 "  SWIGLU bit for bit the plain sums' up * silu(gate)\n",
@@ -765,6 +884,24 @@ bool run_refusals() {
               a.seg[1]          = a.seg[0];
               a.seg[0].epilogue = FRT_GEMV_SWIGLU;
               a.seg[0].w_gate   = a.seg[0].w;
+          }, FRT_GEMV_KERNEL_EXACT },
+        { "routing on the register kernel", [](frt_gemv_args & a) {
+              a.route_logits    = a.x;
+              a.route_n_experts = 256;
+              a.route_ids       = (int32_t *) a.seg[0].out;
+              a.route_weights   = a.seg[0].out;
+          } },
+        { "routing without experts (exact)", [](frt_gemv_args & a) {
+              a.route_logits    = a.x;
+              a.route_n_experts = 256;
+              a.route_ids       = (int32_t *) a.seg[0].out;
+              a.route_weights   = a.seg[0].out;
+          }, FRT_GEMV_KERNEL_EXACT },
+        { "routing over 48 experts (exact)", [](frt_gemv_args & a) {
+              a.route_logits    = a.x;
+              a.route_n_experts = 48;
+              a.route_ids       = (int32_t *) a.seg[0].out;
+              a.route_weights   = a.seg[0].out;
           }, FRT_GEMV_KERNEL_EXACT },
         { "float x of 8 tokens x 4096", [](frt_gemv_args & a) {
               a.k                 = 4096;
@@ -950,6 +1087,10 @@ int main(int argc, char ** argv) {
         { "SWIGLU dense q6_K k=512", FRT_GEMV_Q6_K, 512, 300, 0, false, false },
         { "SWIGLU experts q8_0 k=1024", FRT_GEMV_Q8_0, 1024, 70, 12, false, false },
         { "SWIGLU q6_K k=768 in place", FRT_GEMV_Q6_K, 768, 40, 10, true, false },
+        // Routed in the launch: qwen36's 8 of 256 with the shared pair and the norm; 8 of 64 with
+        // the dense pair's blocks first (block 0 then writes the selection without using it).
+        { "SWIGLU routed 8 of 256 + shared", FRT_GEMV_Q4_K, 2048, 128, 256, true, true, true },
+        { "SWIGLU routed 8 of 64, dense first", FRT_GEMV_Q4_K, 1024, 96, 64, true, false, true, true },
     };
     for (const glu_case & gc : glu_cases) {
         failed += run_glu_case(gc, rng) ? 0 : 1;
