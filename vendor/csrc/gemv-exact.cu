@@ -483,6 +483,31 @@ static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot
     s.out[(int64_t) slot * s.out_stride + row] = v;
 }
 
+// A block's staged rows arrive in this many groups of copies, each multiplied as soon as it is in
+// while the later ones are still in flight (with one group the SM's memory pipe idles during the
+// products, and its ALUs during the copies). An experiment until measured: more than one group
+// makes ptxas spill 36-52 bytes (docs/perf-notes.md); gemv-bench builds with
+// -DFRT_GEMV_EXACT_CHUNKS=2 or 4 to compare.
+#ifndef FRT_GEMV_EXACT_CHUNKS
+#define FRT_GEMV_EXACT_CHUNKS 1
+#endif
+static constexpr int kExactChunks = FRT_GEMV_EXACT_CHUNKS;
+
+static __device__ __forceinline__ void exact_cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits until at most `pending` (0 .. kExactChunks - 1) of this thread's copy groups are in flight.
+static __device__ __forceinline__ void exact_cp_async_wait(int pending) {
+    switch (pending) {
+        case 0:  asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+        case 1:  asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+        case 2:  asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    }
+}
+static_assert(kExactChunks >= 1 && kExactChunks <= 4, "exact_cp_async_wait waits for at most 3 groups in flight");
+
 // Copies `bytes` from global src into shared dst with cp.async, `unit` (16 or 4) bytes a copy,
 // the block's threads in turn; gemv_cp_async_wait_all waits for them.
 static __device__ __forceinline__ void exact_copy(uint8_t * dst, const uint8_t * src, int64_t bytes, int unit) {
@@ -556,10 +581,19 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     constexpr bool glu  = GLU;  // the launch's segments all have FRT_GEMV_SWIGLU
     const int64_t bytes = (int64_t) n * s.row_stride;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
+    // Rows go `together` at a time (a round); the staged rows in kExactChunks groups of whole rounds
+    // (the last ones may be empty).
+    const int     chunk_rows = ((n + together - 1) / together + kExactChunks - 1) / kExactChunks * together;
     const auto    stage_rows = [&]() {
-        exact_copy(stage, s.w + off, bytes, s.stage_unit);
-        if constexpr (glu) {
-            exact_copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
+#pragma unroll
+        for (int c = 0; c < kExactChunks; ++c) {
+            const int64_t first = min(bytes, (int64_t) c * chunk_rows * s.row_stride);
+            const int64_t last  = min(bytes, (int64_t) (c + 1) * chunk_rows * s.row_stride);
+            exact_copy(stage + first, s.w + off + first, last - first, s.stage_unit);
+            if constexpr (glu) {
+                exact_copy(stage + bytes + first, s.w_gate + off + first, last - first, s.stage_unit);
+            }
+            exact_cp_async_commit();
         }
     };
     const bool valid = exact_wait_and_stage<STAGED>(p, s, slot, off, stage_rows);
@@ -567,18 +601,14 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
     float *        part = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
-    if (STAGED) {
-        gemv_cp_async_wait_all();
-        __syncthreads();
-    }
     const uint8_t * rows  = STAGED ? stage : s.w + off;
     const uint8_t * grows = STAGED ? stage + bytes : glu ? s.w_gate + off : nullptr;
     const int       gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
 
-    if (valid) {
+    {
         // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
         // Q6_K/Q8_0); later passes read them again a row.
-        const bool               has0 = ts < n_items, has1 = ts + kStockThreads < n_items;
+        const bool               has0 = valid && ts < n_items, has1 = valid && ts + kStockThreads < n_items;
         const int                iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
         typename item::x_t       x0, x1;
         if (has0) {
@@ -606,15 +636,26 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             }
             return acc;
         };
-        if constexpr (!glu) {
-#pragma unroll 4
-            for (int j = sub; j < n; j += together) {
-                part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * s.row_stride);
+        // Chunk by chunk, every thread at each chunk's barrier.
+#pragma unroll
+        for (int c = 0; c < kExactChunks; ++c) {
+            if (STAGED) {
+                exact_cp_async_wait(kExactChunks - 1 - c);
+                __syncthreads();
             }
-        } else {
-            for (int j = sub; j < n; j += together) {
-                part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * s.row_stride);
-                part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * s.row_stride);
+            if (!valid) {
+                continue;
+            }
+            const int end = min(n, (c + 1) * chunk_rows);
+            if constexpr (!glu) {
+                for (int j = c * chunk_rows + sub; j < end; j += together) {
+                    part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * s.row_stride);
+                }
+            } else {
+                for (int j = c * chunk_rows + sub; j < end; j += together) {
+                    part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * s.row_stride);
+                    part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * s.row_stride);
+                }
             }
         }
     }
