@@ -1,4 +1,5 @@
 #include "registry.cuh"
+#include "windows/attn-rope.cuh"
 #include "windows/attnqkv.cuh"
 #include "windows/gdn-gated-norm.cuh"
 #include "windows/gdn.cuh"
@@ -43,6 +44,10 @@ static const flashrt_window flashrt_registry[] = {
     // safe: measured with ROUTER (above).
     { "MOE_TAIL", flashrt_tier::safe, 900, { GGML_OP_MUL, GGML_OP_COUNT },
       flashrt_match_moe_tail, flashrt_run_moe_tail, nullptr },
+    // full: compiled and CPU-tested, not yet run on a GPU (FRT_ATTN_ROPE_SWAP=1 turns it on). At
+    // RMS_NORM after the norm packs, which take only norms that matvecs read: q's and k's are left.
+    { "ATTN_ROPE", flashrt_tier::full, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
+      flashrt_match_attn_rope, flashrt_run_attn_rope, nullptr },
 };
 
 const flashrt_window * flashrt_windows(int * n_windows) {

@@ -5,6 +5,7 @@
 // bench/tools/predicate-check.sh builds and runs it (it links the overlay's objects from
 // `cargo xtask build --overlay-only` and ggml-base from `cargo xtask build --cpu`).
 
+#include "windows/attn-rope.cuh"  // the kernel's header in vendor/csrc has the same name
 #include "matvec.cuh"
 #include "moe-tail.cuh"
 #include "router.cuh"
@@ -108,6 +109,40 @@ static std::vector<ggml_tensor *> residual_add(ggml_context * ctx, bool reshaped
     return { residual, x, ggml_add(ctx, mm, residual) };
 }
 
+// qwen35's attention span as ATTN_ROPE takes it: q's and k's RMS_NORM -> MUL -> ROPE (IMROPE), the
+// K and V cache writes; the projections before the span (ATTNQKV's order at one token) or v's and
+// k's in between (stock's order); q's RoPE read after it.
+static std::vector<ggml_tensor *> attn_rope(ggml_context * ctx, int64_t tokens, bool kv_between, bool k_rope_read_again) {
+    const int64_t D = 256, Hq = 16, Hkv = 2, T = tokens;
+    ggml_tensor * q_full = ggml_scale(ctx, f32(ctx, 2 * D * Hq, T), 0.5f);
+    ggml_tensor * k_cur  = ggml_scale(ctx, f32(ctx, D * Hkv, T), 0.5f);
+    ggml_tensor * v_cur  = ggml_scale(ctx, f32(ctx, D * Hkv, T), 0.5f);
+    ggml_tensor * pos    = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 4 * T);
+    int sections[4]      = { 11, 11, 10, 0 };
+    const auto norm_rope = [&](ggml_tensor * x) {
+        x = ggml_mul(ctx, ggml_rms_norm(ctx, x, 1e-6f), f32(ctx, D));
+        return ggml_rope_multi(ctx, x, pos, nullptr, 64, sections, GGML_ROPE_TYPE_IMROPE, 262144, 1e7f, 1.0f, 0.0f,
+                               1.0f, 32.0f, 1.0f);
+    };
+    ggml_tensor * q = norm_rope(ggml_view_3d(ctx, q_full, D, Hq, T, 2 * D * 4, 2 * D * Hq * 4, 0));
+    ggml_tensor * v = ggml_reshape_3d(ctx, v_cur, D, Hkv, T);
+    ggml_tensor * k = norm_rope(ggml_reshape_3d(ctx, k_cur, D, Hkv, T));
+    ggml_tensor * ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, T);
+    ggml_tensor * k_set = ggml_set_rows(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F16, D * Hkv, 64, 1),
+                                        ggml_view_2d(ctx, k, D * Hkv, T, k->nb[2], 0), ids);
+    ggml_tensor * v_set = ggml_set_rows(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F16, D * Hkv, 64, 1),
+                                        ggml_view_2d(ctx, v, D * Hkv, T, v->nb[2], 0), ids);
+    std::vector<ggml_tensor *> order = { q_full };
+    if (!kv_between) {
+        order.insert(order.end(), { v_cur, k_cur });
+    }
+    order.insert(order.end(), { q, v, k, k_set, v_set, ggml_scale(ctx, q, 2.0f) });
+    if (k_rope_read_again) {
+        order.push_back(ggml_scale(ctx, k, 2.0f));
+    }
+    return order;
+}
+
 int main() {
     const std::vector<expectation> expected = {
         { "MOE_TAIL: 8 slots", [](ggml_context * c) { return moe_tail(c, 8, false); }, flashrt_match_moe_tail, 1, 0 },
@@ -120,6 +155,14 @@ int main() {
           flashrt_match_matvec, 1, 1 },
         { "MATVEC: a leaf through a RESHAPE is not a residual", [](ggml_context * c) { return residual_add(c, true, false); },
           flashrt_match_matvec, 1, 0 },
+        { "ATTN_ROPE: 1 token, projections before", [](ggml_context * c) { return attn_rope(c, 1, false, false); },
+          flashrt_match_attn_rope, 1, 0 },
+        { "ATTN_ROPE: 3 tokens, projections in between", [](ggml_context * c) { return attn_rope(c, 3, true, false); },
+          flashrt_match_attn_rope, 1, 0 },
+        { "ATTN_ROPE: 9 tokens (refuse)", [](ggml_context * c) { return attn_rope(c, 9, true, false); },
+          flashrt_match_attn_rope, 0, 0 },
+        { "ATTN_ROPE: k's RoPE read again (reject)", [](ggml_context * c) { return attn_rope(c, 1, false, true); },
+          flashrt_match_attn_rope, 0, 0 },
     };
     int failed = 0;
     for (const expectation & e : expected) {
