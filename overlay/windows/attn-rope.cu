@@ -1,9 +1,7 @@
-#include "attn-rope.cuh"  // this window's header, beside this file
+#include "attn-rope.cuh"
 #include "window-util.cuh"
 
-// The kernel's header has the same name in vendor/csrc: the angle brackets skip this file's
-// directory and find it on the include path.
-#include <attn-rope.cuh>
+#include "attn-norm-rope.cuh"
 
 #include <algorithm>
 #include <cmath>

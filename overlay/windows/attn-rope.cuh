@@ -1,7 +1,7 @@
 #pragma once
 
 // Window ATTN_ROPE: a qwen35/qwen35moe full-attention layer from its q/k/v projections to flash
-// attention, as one kernel (vendor/csrc/attn-rope), 1 to 8 tokens:
+// attention, as one kernel (vendor/csrc/attn-norm-rope), 1 to 8 tokens:
 //   q: RMS_NORM -> MUL(attn_q_norm) -> ROPE (ggml_rope_multi, IMROPE)            = Qcur
 //   k: RMS_NORM -> MUL(attn_k_norm) -> ROPE -> VIEW -> SET_ROWS(K cache, F16)
 //   v:                                          VIEW -> SET_ROWS(V cache, F16)

@@ -1,4 +1,4 @@
-#include "attn-rope.cuh"
+#include "attn-norm-rope.cuh"
 #include "pdl.cuh"
 
 constexpr int attn_rope_threads = 256;  // rms_norm_f32's block below 1024 columns

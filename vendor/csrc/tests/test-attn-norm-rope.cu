@@ -4,9 +4,9 @@
 // stored as exactly the half values set_rows stores, that cache rows the batch does not write stay
 // as they were, and that bad shapes are refused. Needs a GPU:
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
-//        vendor/csrc/tests/test-attn-rope.cu -o test-attn-rope && ./test-attn-rope
+//        vendor/csrc/tests/test-attn-norm-rope.cu -o test-attn-norm-rope && ./test-attn-norm-rope
 
-#include "attn-rope.cuh"
+#include "attn-norm-rope.cuh"
 
 #include <algorithm>
 #include <cmath>
