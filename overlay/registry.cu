@@ -7,6 +7,7 @@
 #include "windows/inproj.cuh"
 #include "windows/matvec.cuh"
 #include "windows/moe-tail.cuh"
+#include "windows/moe-topk.cuh"
 #include "windows/router.cuh"
 #include "windows/shexp-fold.cuh"
 #include "windows/shexp-gate.cuh"
@@ -41,6 +42,9 @@ static const flashrt_window flashrt_registry[] = {
       flashrt_match_shexp_fold, flashrt_run_shexp_fold, flashrt_prepare_shexp_fold },
     { "MATVEC", flashrt_tier::safe, 900, { GGML_OP_MUL_MAT, GGML_OP_MUL_MAT_ID },
       flashrt_match_matvec, flashrt_run_matvec, flashrt_prepare_matvec },
+    // full until measured on a GPU (FRT_MOE_TOPK_SWAP=1 turns it on).
+    { "MOE_TOPK", flashrt_tier::full, 900, { GGML_OP_SOFT_MAX, GGML_OP_COUNT },
+      flashrt_match_moe_topk, flashrt_run_moe_topk, nullptr, flashrt_run_claimed_moe_topk },
     // safe: measured with ROUTER (above).
     { "MOE_TAIL", flashrt_tier::safe, 900, { GGML_OP_MUL, GGML_OP_COUNT },
       flashrt_match_moe_tail, flashrt_run_moe_tail, nullptr },

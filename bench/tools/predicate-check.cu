@@ -5,13 +5,15 @@
 // bench/tools/predicate-check.sh builds and runs it (it links the overlay's objects from
 // `cargo xtask build --overlay-only` and ggml-base from `cargo xtask build --cpu`).
 
-#include "windows/attn-rope.cuh"  // the kernel's header in vendor/csrc has the same name
+#include "attn-rope.cuh"
 #include "matvec.cuh"
 #include "moe-tail.cuh"
+#include "moe-topk.cuh"
 #include "router.cuh"
 
 #include "ggml.h"
 
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -109,6 +111,32 @@ static std::vector<ggml_tensor *> residual_add(ggml_context * ctx, bool reshaped
     return { residual, x, ggml_add(ctx, mm, residual) };
 }
 
+// build_moe_ffn's softmax top-k (the weights expanded first, as llama.cpp does), the routed
+// experts' gate/up reading the ids and the shared expert's gate/up, with their SwiGLUs, as
+// MOE_TOPK and SHEXP_FOLD take them.
+static std::vector<ggml_tensor *> moe_topk(ggml_context * ctx, int64_t tokens, bool probs_read_again) {
+    const int64_t k = 2048, rows = 256, n_experts = 64, n_used = 8;  // fewer experts than qwen36: memory
+    ggml_tensor * x        = ggml_scale(ctx, f32(ctx, k, tokens), 0.5f);
+    ggml_tensor * logits   = ggml_scale(ctx, f32(ctx, n_experts, tokens), 1.0f);
+    ggml_tensor * probs    = ggml_soft_max(ctx, logits);
+    ggml_tensor * selected = ggml_argsort_top_k(ctx, probs, n_used);
+    ggml_tensor * weights  = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, n_experts, tokens), selected);
+    weights                = ggml_reshape_2d(ctx, weights, n_used, tokens);
+    ggml_tensor * sum      = ggml_clamp(ctx, ggml_sum_rows(ctx, weights), 6.103515625e-5f, INFINITY);
+    weights                = ggml_reshape_3d(ctx, ggml_div(ctx, weights, sum), 1, n_used, tokens);
+    ggml_tensor * x3       = ggml_reshape_3d(ctx, x, k, 1, tokens);
+    const auto    experts  = [&] { return ggml_new_tensor_3d(ctx, GGML_TYPE_Q4_K, k, rows, n_experts); };
+    const auto    dense    = [&] { return ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_K, k, rows); };
+    ggml_tensor * act  = ggml_swiglu_split(ctx, ggml_mul_mat_id(ctx, experts(), x3, selected),
+                                           ggml_mul_mat_id(ctx, experts(), x3, selected));
+    ggml_tensor * sact = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, dense(), x), ggml_mul_mat(ctx, dense(), x));
+    std::vector<ggml_tensor *> out = { x, logits, weights, act, sact };
+    if (probs_read_again) {
+        out.push_back(ggml_scale(ctx, probs, 2.0f));
+    }
+    return out;
+}
+
 // qwen35's attention span as ATTN_ROPE takes it: q's and k's RMS_NORM -> MUL -> ROPE (IMROPE), the
 // K and V cache writes; the projections before the span (ATTNQKV's order at one token) or v's and
 // k's in between (stock's order); q's RoPE read after it.
@@ -150,6 +178,12 @@ int main() {
           flashrt_match_moe_tail, 0, 0 },
         { "ROUTER: 1 token (router + gate vector)", [](ggml_context * c) { return router(c, 1); }, flashrt_match_router, 1, 2 },
         { "ROUTER: 2 tokens (reject)", [](ggml_context * c) { return router(c, 2); }, flashrt_match_router, 0, 0 },
+        { "MOE_TOPK: 8 of 64 (gate/up + shared, SwiGLUs)", [](ggml_context * c) { return moe_topk(c, 1, false); },
+          flashrt_match_moe_topk, 1, 6 },
+        { "MOE_TOPK: 2 tokens (reject)", [](ggml_context * c) { return moe_topk(c, 2, false); }, flashrt_match_moe_topk,
+          0, 0 },
+        { "MOE_TOPK: the probabilities read again (reject)", [](ggml_context * c) { return moe_topk(c, 1, true); },
+          flashrt_match_moe_topk, 0, 0 },
         { "MATVEC: residual ADD", [](ggml_context * c) { return residual_add(c, false, false); }, flashrt_match_matvec, 1, 1 },
         { "MATVEC: residual ADD through a RESHAPE", [](ggml_context * c) { return residual_add(c, true, true); },
           flashrt_match_matvec, 1, 1 },

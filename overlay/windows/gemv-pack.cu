@@ -1,4 +1,5 @@
 #include "gemv-pack.cuh"
+#include "moe-topk.cuh"
 
 #include "../diagnostics.cuh"
 #include "../repack.cuh"
@@ -511,6 +512,16 @@ static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
             s.expert_stride = w->nb[2];
         }
     }
+    flashrt_moe_topk_run r;
+    if (pack.routing >= 0 && flashrt_moe_topk_run_at(cgraph, pack.routing, r) == nullptr) {
+        a.route_logits    = (const float *) r.logits->data;
+        a.route_n_experts = r.n_experts;
+        a.route_norm      = r.norm;
+        a.route_clamp     = r.clamp;
+        a.route_scale     = r.scale;
+        a.route_ids       = (int32_t *) r.ids->data;
+        a.route_weights   = (float *) r.weights->data;
+    }
 }
 
 // For the kernels that read repacked layouts (not the exact one): dense Q6_K/Q8_0 weights from
@@ -961,6 +972,32 @@ const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, fl
     if (add_residual_adds(cgraph, i, input, with_adds) && kernel_miss(cgraph, with_adds) == nullptr) {
         pack = with_adds;
         return nullptr;
+    }
+    return kernel_miss(cgraph, pack);
+}
+
+const char * flashrt_gemv_match_routed(const ggml_cgraph * cgraph, int softmax, int j, flashrt_gemv_pack & pack) {
+    const char * miss = nullptr;
+    if (flashrt_window_enabled("SHEXP_FOLD")) {
+        miss = flashrt_gemv_match_same_input(cgraph, j, flashrt_gemv_fold::experts, pack);
+        if (miss != nullptr) {
+            pack = flashrt_gemv_pack();  // as MATVEC then forms it
+            miss = flashrt_gemv_match_same_input(cgraph, j, flashrt_gemv_fold::leave, pack);
+        }
+    } else {
+        miss = flashrt_gemv_match_same_input(cgraph, j, flashrt_gemv_fold::none, pack);
+    }
+    if (miss != nullptr) {
+        return miss;
+    }
+    pack.routing = softmax;
+    frt_gemv_args a;
+    fill_args(cgraph, pack, a);
+    if (a.n_segments == 0 || a.route_logits == nullptr) {
+        return "the experts' launch has no routed segment";
+    }
+    if (pack_kernel(cgraph, pack, a) != FRT_GEMV_KERNEL_EXACT) {
+        return "the experts' launch is not on the exact kernel (the only one that routes)";
     }
     return kernel_miss(cgraph, pack);
 }

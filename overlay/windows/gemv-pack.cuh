@@ -21,6 +21,9 @@ struct flashrt_gemv_pack {
     // Norm-fed packs only: the launch writes the normed value too (the norm's weight MUL), for
     // readers it does not take; it is written at the norm, where the MUL would compute it.
     bool keep_normed = false;
+    // Routed experts' packs only: the SOFT_MAX whose top-k run (window MOE_TOPK) the launch
+    // computes, or -1 (the ids come from the graph).
+    int  routing = -1;
 };
 
 // Decode only: at most this many tokens; larger batches run stock. The kernel takes up to
@@ -81,6 +84,11 @@ enum class flashrt_gemv_fold {
 // the same way. nullptr on a hit, else why not.
 const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_fold fold,
                                            flashrt_gemv_pack & pack);
+
+// The pack of the routed experts' matvec at node j (as SHEXP_FOLD forms it when that window is on,
+// else as MATVEC does) with the top-k run at node `softmax` computed in its launch: on the exact
+// kernel only. nullptr on a hit, else why not.
+const char * flashrt_gemv_match_routed(const ggml_cgraph * cgraph, int softmax, int j, flashrt_gemv_pack & pack);
 
 // The norm-fed window whose pack a matvec of weight `w` joins, by llama.cpp's GGUF tensor names:
 // "INPROJ" (a Gated DeltaNet layer's input projections), "ATTNQKV" (q/k/v), "HEAD" (the LM head,

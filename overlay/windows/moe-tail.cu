@@ -121,19 +121,9 @@ flashrt_match flashrt_match_moe_tail(const ggml_cgraph * cgraph, int i) {
     if (const char * miss = moe_tail_collect(cgraph, i, r)) {
         return flashrt_miss(miss);
     }
-    // Only the output may be read after the run, and nothing in it may be a graph output: every
-    // other node's uses (ggml's use counts) lie inside the run.
-    for (int u = i; u <= r.end; ++u) {
-        if ((cgraph->nodes[u]->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
-            return flashrt_miss("a node of the run is not to be computed");
-        }
-    }
-    thread_local std::vector<const ggml_tensor *> read_in_run;
-    flashrt_collect_run_reads(cgraph, i, r.end, read_in_run);
-    for (int u = i; u < r.end; ++u) {
-        if ((cgraph->nodes[u]->flags & GGML_TENSOR_FLAG_OUTPUT) || !flashrt_read_only_in_run(cgraph, u, read_in_run)) {
-            return flashrt_miss("an intermediate value is read after the run");
-        }
+    // Only the output may be read after the run, and nothing else in it may be a graph output.
+    if (const char * miss = flashrt_run_is_private(cgraph, i, r.end, { r.out })) {
+        return flashrt_miss(miss);
     }
     // Every thread reads the weights and the gate: the output must not overlap them. Column-wise
     // inputs may share its memory only element for element.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 // Nodes that launch nothing (ggml-cuda skips them too).
@@ -72,4 +73,28 @@ inline void flashrt_collect_run_reads(const ggml_cgraph * cgraph, int first, int
 inline bool flashrt_read_only_in_run(const ggml_cgraph * cgraph, int j, const std::vector<const ggml_tensor *> & reads) {
     const auto uses = std::equal_range(reads.begin(), reads.end(), cgraph->nodes[j]);
     return (int) (uses.second - uses.first) == ggml_node_get_use_count(cgraph, j);
+}
+
+// Whether a window may take the run [first, last] whole: every node is to be computed, and every
+// node but the `kept` ones (the run's results) is neither a graph output nor read after the run.
+// nullptr, or why not.
+inline const char * flashrt_run_is_private(const ggml_cgraph * cgraph, int first, int last,
+                                           std::initializer_list<const ggml_tensor *> kept) {
+    for (int u = first; u <= last; ++u) {
+        if ((cgraph->nodes[u]->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+            return "a node of the run is not to be computed";
+        }
+    }
+    thread_local std::vector<const ggml_tensor *> read_in_run;
+    flashrt_collect_run_reads(cgraph, first, last, read_in_run);
+    for (int u = first; u <= last; ++u) {
+        const ggml_tensor * n = cgraph->nodes[u];
+        if (std::find(kept.begin(), kept.end(), n) != kept.end()) {
+            continue;
+        }
+        if ((n->flags & GGML_TENSOR_FLAG_OUTPUT) != 0 || !flashrt_read_only_in_run(cgraph, u, read_in_run)) {
+            return "an intermediate value is read after the run";
+        }
+    }
+    return nullptr;
 }
