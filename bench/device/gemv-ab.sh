@@ -2,12 +2,9 @@
 # Builds of the vendor GEMV kernels side by side on one GPU: test-gemv of every build that has one,
 # then gemv-bench of each at 1 token, and a table of the median µs per shape and kernel (the first
 # build, then each other one with its ratio to the first). For kernel changes that need no
-# llama.cpp build: the binaries are built on a CPU machine with the pip nvcc, as
-# bench/device/gemv.sh builds them, e.g. for a branch in a worktree:
-#   for f in vendor/csrc/*.cu; do nvcc -std=c++17 -arch=sm_90a -I vendor/csrc -c $f -o objs/$(basename $f .cu).o; done
-#   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/tests/test-gemv.cu objs/*.o -o B/test-gemv
-#   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu objs/*.o -o B/gemv-bench
-# then strip them and carry the folders (under .xtask/, e.g. .xtask/gemv-a and .xtask/gemv-b).
+# llama.cpp build: each folder is built on a CPU machine by bench/tools/gemv-variant.sh (a
+# checkout or worktree, nvcc options such as -DFRT_GEMV_EXACT_CHUNKS=4), and the folders are
+# carried (under .xtask/, e.g. .xtask/gemv-a and .xtask/gemv-b).
 # gemv-bench options follow the folders: --between times each kernel after a small PDL kernel, as
 # decode runs it (a kernel that wins back to back can lose there: docs/perf-notes.md, exact kernel v3).
 # Usage (device, repository root): bench/device/gemv-ab.sh DIR_A DIR_B [DIR ...] [gemv-bench options]
