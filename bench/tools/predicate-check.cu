@@ -171,6 +171,17 @@ static std::vector<ggml_tensor *> attn_rope(ggml_context * ctx, int64_t tokens, 
     return order;
 }
 
+// The routed experts' down projection (one input a slot) and the shared expert's right after, as
+// MOE_TAIL's graph order puts them: MATVEC's launch takes both.
+static std::vector<ggml_tensor *> down_pair(ggml_context * ctx, int64_t tokens) {
+    const int64_t k = 512, n_embd = 2048, n_experts = 32, n_used = 8;
+    ggml_tensor * act  = ggml_scale(ctx, f32(ctx, k, n_used, tokens), 0.5f);
+    ggml_tensor * sact = ggml_scale(ctx, f32(ctx, k, tokens), 0.5f);
+    ggml_tensor * ids  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_used, tokens);
+    ggml_tensor * down = ggml_mul_mat_id(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_Q6_K, k, n_embd, n_experts), act, ids);
+    return { act, sact, down, ggml_mul_mat(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_Q6_K, k, n_embd), sact) };
+}
+
 int main() {
     const std::vector<expectation> expected = {
         { "MOE_TAIL: 8 slots", [](ggml_context * c) { return moe_tail(c, 8, false); }, flashrt_match_moe_tail, 1, 0 },
@@ -184,6 +195,8 @@ int main() {
           0, 0 },
         { "MOE_TOPK: the probabilities read again (reject)", [](ggml_context * c) { return moe_topk(c, 1, true); },
           flashrt_match_moe_topk, 0, 0 },
+        { "MATVEC: the experts' down + the shared expert's (own input)", [](ggml_context * c) { return down_pair(c, 1); },
+          flashrt_match_matvec, 2, 1 },
         { "MATVEC: residual ADD", [](ggml_context * c) { return residual_add(c, false, false); }, flashrt_match_matvec, 1, 1 },
         { "MATVEC: residual ADD through a RESHAPE", [](ggml_context * c) { return residual_add(c, true, true); },
           flashrt_match_matvec, 1, 1 },

@@ -498,6 +498,9 @@ static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
         s.out_stride = out->nb[1] / sizeof(float);
         s.epilogue = glu ? FRT_GEMV_SWIGLU : add ? FRT_GEMV_ADD : FRT_GEMV_STORE;
         s.w_gate = glu ? out->src[0]->src[0]->data : nullptr;
+        if (!is_expert_matvec(node) && segment_input(node)->data != input->data) {
+            s.x = (const float *) segment_input(node)->data;  // its own vector (add_own_input_matvec)
+        }
         if (add) {
             const ggml_tensor * residual = out->src[1 - mm_src];
             s.residual = (const float *) residual->data;
@@ -931,6 +934,50 @@ static bool add_residual_adds(const ggml_cgraph * cgraph, int i, const ggml_tens
     return added;
 }
 
+// The routed experts' down projection reads one input a slot. The shared expert's down projection
+// right after it (the order MOE_TAIL sets: a dense matvec of the same width reading its own, already
+// computed vector) joins its launch with that input (frt_gemv_segment::x) when the kernel takes it
+// and the memory allows; otherwise the pack stays as it is.
+static void add_own_input_matvec(const ggml_cgraph * cgraph, int i, const ggml_tensor * input,
+                                 flashrt_gemv_pack & pack) {
+    const ggml_tensor * anchor = cgraph->nodes[i];
+    if (!is_expert_matvec(anchor) || input->ne[1] == 1 || input->ne[2] != 1 || pack.n >= FRT_GEMV_MAX_SEGMENTS) {
+        return;
+    }
+    const int j = flashrt_skip_views(cgraph, i + 1);  // nothing computed in between
+    if (j >= cgraph->n_nodes || cgraph->nodes[j]->op != GGML_OP_MUL_MAT) {
+        return;
+    }
+    const ggml_tensor * t   = cgraph->nodes[j];
+    const ggml_tensor * own = segment_input(t);
+    if (own->type != GGML_TYPE_F32 || own->ne[0] != input->ne[0] || ggml_nelements(own) != own->ne[0] ||
+        !ggml_is_contiguous(own) || flashrt_gemv_segment_miss(t, own) != nullptr) {
+        return;
+    }
+    ggml_type direct = GGML_TYPE_COUNT;
+    for (int p = 0; p < pack.n; ++p) {
+        joins_launch(cgraph->nodes[pack.nodes[p]]->src[0], &direct);
+    }
+    if (!joins_launch(t->src[0], &direct)) {
+        return;
+    }
+    flashrt_gemv_pack with = pack;
+    with.nodes[with.n++] = j;
+    // Its output apart from the launch's inputs and outputs (and unused until j), and its input
+    // apart from every output of the launch.
+    if (flashrt_overlaps(t, input) || !flashrt_gemv_early_safe(cgraph, i, with, with.n - 1, own)) {
+        return;
+    }
+    for (int p = 0; p < pack.n; ++p) {
+        if (flashrt_overlaps(own, cgraph->nodes[pack.nodes[p]])) {
+            return;
+        }
+    }
+    if (kernel_miss(cgraph, with) == nullptr) {
+        pack = with;
+    }
+}
+
 const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_fold fold,
                                            flashrt_gemv_pack & pack) {
     if (const char * miss = collect_same_input(cgraph, i, fold, pack)) {
@@ -952,6 +999,7 @@ const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, fl
         return "memory: the shared expert's outputs are lent out until their turn";
     }
     pack = safe;
+    add_own_input_matvec(cgraph, i, input, pack);
     // Gate/up pairs that feed SWIGLUs: the launch computes the SWIGLUs too, as stock fuses them.
     flashrt_gemv_pack with_glu = pack;
     const char *      glu_miss = add_glu_nodes(cgraph, i, input, with_glu);

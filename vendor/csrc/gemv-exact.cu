@@ -54,6 +54,7 @@ struct exact_seg {
     const float *   residual;
     const int32_t * ids;
     const uint8_t * w_gate;  // FRT_GEMV_SWIGLU: the gate matrix (its rows staged after w's)
+    const float *   x;       // the segment's own input (frt_gemv_segment::x), or nullptr
     int64_t         row_stride, out_stride, residual_stride, expert_stride;
     int             type, rows, epilogue, n_experts, chunks, block_begin;
     int             chunk_rows;  // rows a block (at most exact_params::rows_per_block)
@@ -453,12 +454,13 @@ static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int
 
 // After the wait for the previous kernel: x into shared memory, normed first when the launch has a
 // norm, then quantized as stock's quantize_q8_1 does (and/or kept in float for F32 rows). Only the
-// block's vector `vec`, unless the launch keeps the normed vectors (block 0 writes them all).
+// block's vector `vec` (or its segment's own input), unless the launch keeps the normed vectors
+// (block 0 writes them all).
 // Returns where vec is among the vectors in shared memory.
-static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem) {
+static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem, const float * own_x) {
     const bool       all   = p.x_out != nullptr;
     const int        first = all ? 0 : vec, n = all ? p.n_vec : 1;
-    const float *    x     = p.x + (int64_t) first * p.x_stride;
+    const float *    x     = own_x != nullptr ? own_x : p.x + (int64_t) first * p.x_stride;
     __shared__ float norm_scales[FRT_GEMV_MAX_TOKENS];
     if (p.norm != nullptr) {
         exact_norm_scales(x, p.x_stride, n, p.k, p.eps, norm_scales);
@@ -597,7 +599,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         }
     };
     const bool valid = exact_wait_and_stage<STAGED>(p, s, slot, off, stage_rows);
-    const int      at   = exact_prologue(p, vec, smem);
+    const int      at   = exact_prologue(p, vec, smem, s.x);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
     float *        part = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
@@ -693,7 +695,7 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
     const bool valid = exact_wait_and_stage<STAGED>(p, s, slot, off, [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
-    const int     at   = exact_prologue(p, vec, smem);
+    const int     at   = exact_prologue(p, vec, smem, s.x);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;
     if (STAGED) {
@@ -892,6 +894,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.residual        = s.residual;
         q.ids             = s.ids;
         q.w_gate          = (const uint8_t *) s.w_gate;
+        q.x               = s.x;
         q.row_stride      = s.row_stride;
         q.out_stride      = s.ids != nullptr ? s.out_stride : 0;
         q.residual_stride = s.ids != nullptr ? s.residual_stride : 0;

@@ -174,8 +174,11 @@ static const char * gemv_check(const frt_gemv_args & a, int & stage_bytes, int &
                        "x_per_token 1 or n_used";
             }
             p.n_ids += a.tokens * s.n_used;
-        } else if (a.x_per_token != 1) {
+        } else if (a.x_per_token != 1 && s.x == nullptr) {
             return "frt_gemv: a dense segment reads one input a token (x_per_token == 1)";
+        }
+        if (s.x != nullptr && (s.ids != nullptr || !gemv_aligned16(s.x))) {
+            return "frt_gemv: a segment's own input is a dense segment's, 16-byte aligned";
         }
         if (gemv_quantized(s.type)) {
             p.need_q8 = 1;
@@ -273,6 +276,9 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
         if (a.seg[i].row_stride != frt_gemv_row_bytes(t, a.k)) {
             return "frt_gemv: the exact kernel takes contiguous rows";
         }
+        if (a.seg[i].x != nullptr && a.norm != nullptr) {
+            return "frt_gemv: a segment's own input goes without a norm";
+        }
     }
     if (const char * why = gemv_route_unsupported(a)) {
         return why;
@@ -288,6 +294,11 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
     if (kernel != FRT_GEMV_KERNEL_EXACT) {
         if (a.route_logits != nullptr) {
             return "frt_gemv: only the exact kernel selects the routed experts";
+        }
+        for (int i = 0; i < a.n_segments; ++i) {
+            if (a.seg[i].x != nullptr) {
+                return "frt_gemv: only the exact kernel takes a segment's own input";
+            }
         }
         for (int i = 0; i < a.n_segments; ++i) {
             if (a.seg[i].epilogue == FRT_GEMV_SWIGLU) {

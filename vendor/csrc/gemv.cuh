@@ -106,6 +106,10 @@ struct frt_gemv_segment {
     const float *     residual;  // FRT_GEMV_ADD: indexed like out (may be out)
     int64_t           residual_stride;
     const void *      w_gate;    // FRT_GEMV_SWIGLU: the gate matrix, laid out as w (same strides)
+    // Exact kernel, dense segments: non-null, the segment multiplies this input vector (k floats,
+    // 16-byte aligned) instead of the launch's x: an independent matvec beside the launch's (the
+    // shared expert's down projection beside the routed experts'). No norm in such a launch.
+    const float *     x;
     // Experts, when ids != nullptr: slot (t, j) multiplies matrix ids[t * ids_stride + j] (0 <= id
     // < n_experts; another id gives NaN rows) with input vector t * x_per_token + (x_per_token == 1
     // ? 0 : j) of the launch.

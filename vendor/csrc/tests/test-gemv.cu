@@ -801,6 +801,109 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
     return ok;
 }
 
+// A dense segment with its own input (frt_gemv_segment::x) beside the routed experts' down
+// projection, one input a slot (exact kernel), as the shared expert's down joins the experts':
+// every output bit for bit what the two give launched apart (each checked against mmvq's order by
+// run_case), the padding untouched.
+bool run_own_input_case(std::mt19937_64 & rng) {
+    const int k = 512, rows = 2048, dense_rows = 700, n_experts = 16, n_used = 8;
+    const int64_t                   row_bytes = gemv_ref::gguf_row_bytes(FRT_GEMV_Q6_K, k);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float>              xe((size_t) n_used * k), xd(k);
+    for (float & v : xe) {
+        v = normal(rng);
+    }
+    for (float & v : xd) {
+        v = normal(rng);
+    }
+    std::vector<int32_t> ids(n_used);
+    for (int32_t & id : ids) {
+        id = (int32_t) (rng() % n_experts);
+    }
+    std::vector<uint8_t> we((size_t) n_experts * rows * row_bytes), wd((size_t) dense_rows * row_bytes);
+    for (int64_t r = 0; r < (int64_t) n_experts * rows; ++r) {
+        gemv_ref::random_row(FRT_GEMV_Q6_K, k, we.data() + r * row_bytes, rng);
+    }
+    for (int64_t r = 0; r < dense_rows; ++r) {
+        gemv_ref::random_row(FRT_GEMV_Q6_K, k, wd.data() + r * row_bytes, rng);
+    }
+    float *   d_xe = upload(xe);
+    float *   d_xd = upload(xd);
+    int32_t * d_ids = upload(ids);
+    uint8_t * d_we = upload(we);
+    uint8_t * d_wd = upload(wd);
+    const size_t n_e = (size_t) n_used * (rows + 3), n_d = (size_t) dense_rows + 3;
+    float * together[2] = { upload_poisoned(n_e), upload_poisoned(n_d) };
+    float * apart[2]    = { upload_poisoned(n_e), upload_poisoned(n_d) };
+    const auto experts = [&](frt_gemv_segment & s, float * out) {
+        s.type          = FRT_GEMV_Q6_K;
+        s.w             = d_we;
+        s.rows          = rows;
+        s.row_stride    = row_bytes;
+        s.out           = out;
+        s.out_stride    = rows + 3;
+        s.ids           = d_ids;
+        s.ids_stride    = n_used;
+        s.n_used        = n_used;
+        s.n_experts     = n_experts;
+        s.expert_stride = (int64_t) rows * row_bytes;
+    };
+    const auto dense = [&](frt_gemv_segment & s, float * out) {
+        s.type       = FRT_GEMV_Q6_K;
+        s.w          = d_wd;
+        s.rows       = dense_rows;
+        s.row_stride = row_bytes;
+        s.out        = out;
+        s.out_stride = dense_rows + 3;
+    };
+    const auto launch = [&](const frt_gemv_args & a) {
+        if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
+            std::printf("     own input: refused: %s\n", why);
+            return false;
+        }
+        CHECK(frt_gemv(a, 0, FRT_GEMV_KERNEL_EXACT));
+        return true;
+    };
+    frt_gemv_args a{};
+    a.x = d_xe, a.x_stride = k, a.k = k, a.tokens = 1, a.x_per_token = n_used, a.n_segments = 2;
+    experts(a.seg[0], together[0]);
+    dense(a.seg[1], together[1]);
+    a.seg[1].x = d_xd;
+    bool ok = launch(a);
+    a.n_segments = 1;
+    experts(a.seg[0], apart[0]);
+    ok = ok && launch(a);
+    a = frt_gemv_args{};
+    a.x = d_xd, a.x_stride = k, a.k = k, a.tokens = 1, a.x_per_token = 1, a.n_segments = 1;
+    dense(a.seg[0], apart[1]);
+    ok = ok && launch(a);
+    CHECK(cudaDeviceSynchronize());
+    int64_t checked = 0, bad = 0;
+    for (int part = 0; part < 2; ++part) {
+        const size_t                n    = part == 0 ? n_e : n_d;
+        const int                   pad  = part == 0 ? rows : dense_rows;
+        const std::vector<uint32_t> got  = download((const uint32_t *) together[part], n);
+        const std::vector<uint32_t> want = download((const uint32_t *) apart[part], n);
+        for (size_t at = 0; at < n; ++at) {
+            const bool padding = (int) (at % (pad + 3)) >= pad;
+            const bool good    = padding ? got[at] == kPoison : got[at] == want[at] && got[at] != kPoison;
+            ++checked;
+            if (!good && bad++ < 5) {
+                std::printf("     own input %s element %zu: %08x, apart %08x\n", part == 0 ? "experts" : "dense", at,
+                            got[at], want[at]);
+            }
+        }
+    }
+    for (void * m : { (void *) d_xe, (void *) d_xd, (void *) d_ids, (void *) d_we, (void *) d_wd, (void *) together[0],
+                      (void *) together[1], (void *) apart[0], (void *) apart[1] }) {
+        CHECK(cudaFree(m));
+    }
+    ok = ok && bad == 0;
+    std::printf("%-4s %-34s exact k=%5d outputs=%9" PRId64 "  bit for bit the two launched apart\n", ok ? "ok" : "FAIL",
+                "experts' down + dense, own input", k, checked);
+    return ok;
+}
+
 bool run_refusals() {
     std::vector<float> host(4096 * 8, 1.0f);
     float *            d  = upload(host);
@@ -902,6 +1005,11 @@ bool run_refusals() {
               a.route_n_experts = 48;
               a.route_ids       = (int32_t *) a.seg[0].out;
               a.route_weights   = a.seg[0].out;
+          }, FRT_GEMV_KERNEL_EXACT },
+        { "own input on the register kernel", [](frt_gemv_args & a) { a.seg[0].x = a.x; } },
+        { "own input with a norm (exact)", [](frt_gemv_args & a) {
+              a.seg[0].x = a.x;
+              a.norm     = a.x;
           }, FRT_GEMV_KERNEL_EXACT },
         { "float x of 8 tokens x 4096", [](frt_gemv_args & a) {
               a.k                 = 4096;
@@ -1108,6 +1216,8 @@ int main(int argc, char ** argv) {
         failed += run_norm_case(nc, rng) ? 0 : 1;
         ++total;
     }
+    failed += run_own_input_case(rng) ? 0 : 1;
+    ++total;
     failed += run_refusals() ? 0 : 1;
     ++total;
     std::printf("%d passed, %d failed\n", total - failed, failed);
