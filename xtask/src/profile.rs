@@ -253,6 +253,12 @@ pub fn run(sh: &Shell, project: &Project, args: ProfileArgs) -> Result<()> {
         serde_json::to_string_pretty(&profile)?.as_bytes(),
     )?;
     write_atomic(&out.join("profile.svg"), report::svg(&profile).as_bytes())?;
+    for setting in &profile.settings {
+        write_atomic(
+            &out.join(format!("timeline-{}.tsv", setting.name)),
+            report::timeline_tsv(setting).as_bytes(),
+        )?;
+    }
     print!("\n{markdown}");
     println!("\nresults: {}", out.display());
     Ok(())
@@ -737,5 +743,22 @@ mod tests {
         assert_eq!(stock.period_us, Some(5.0));
         assert_eq!(stock.families[0].family, "foo");
         assert_eq!(profile.settings[1].name, "overlay");
+        // The timeline: the one launch of a step, medians over the two steady steps.
+        assert_eq!(stock.timeline.len(), 1);
+        let row = &stock.timeline[0];
+        assert_eq!(
+            (row.family.as_str(), row.grid, row.block),
+            ("foo", [1, 1, 1], [32, 1, 1])
+        );
+        assert!(
+            (row.duration_us - 1.25).abs() < 1e-12 && row.start_us == 0.0 && row.early_us == 0.0
+        );
+        let tsv = report::timeline_tsv(stock);
+        assert_eq!(tsv.lines().count(), 2);
+        assert!(tsv
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("0\tfoo\t-\t1x1x1\t32x1x1\t-\t0.00\t1.25\t1.25\t0.00"));
     }
 }

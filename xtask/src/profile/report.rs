@@ -58,6 +58,27 @@ pub struct SettingProfile {
     /// Sums over the weight-reading kernels' attributed launches.
     pub weight_bytes: f64,
     pub weight_us: f64,
+    /// The steady step launch by launch (written as its own file, not into profile.json).
+    #[serde(skip)]
+    pub timeline: Vec<TimelineRow>,
+}
+
+/// One launch of the steady step, in step order: medians over the steady steps.
+#[derive(Debug, Clone)]
+pub struct TimelineRow {
+    pub family: String,
+    pub window: Option<String>,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// The weights it read, when attributed.
+    pub weights: Option<String>,
+    /// From the step's first start.
+    pub start_us: f64,
+    pub duration_us: f64,
+    pub exclusive_us: f64,
+    /// How long before everything ahead of it in the step had ended it started (programmatic
+    /// dependent launch); negative: idle time before it.
+    pub early_us: f64,
 }
 
 /// One kernel family (or memcpy/memset kind), per step.
@@ -163,6 +184,11 @@ pub fn analyse_setting(
     let mut memo: HashMap<LaunchShape, Result<Attribution, String>> = HashMap::new();
     let (mut span, mut busy) = (0u64, 0u64);
     let mut periods = Vec::new();
+    // Per place in the step: the launch as the first steady step has it, and its times (µs) in
+    // every steady step with as many records.
+    let places = steady.steps.first().map_or(0, |&s| steps[s].records.len());
+    let mut timeline: Vec<TimelineRow> = Vec::with_capacity(places);
+    let mut times: Vec<[Vec<f64>; 4]> = vec![Default::default(); places];
     for &s in &steady.steps {
         let step = &steps[s];
         let intervals: Vec<(u64, u64)> = step
@@ -177,13 +203,41 @@ pub fn analyse_setting(
             periods.push((next.start - step.start) as f64 / 1e3);
         }
         let mut logged_index = 0;
-        for (&i, &ns) in step.records.iter().zip(&exclusive) {
+        let timed = step.records.len() == places;
+        let mut frontier = step.start;
+        for (place, (&i, &ns)) in step.records.iter().zip(&exclusive).enumerate() {
             let record = &trace.records[i];
             let family = match record.activity {
                 Activity::Kernel { name, .. } => names[name].family(),
                 Activity::Memcpy { direction, .. } => format!("[memcpy {direction}]"),
                 Activity::Memset { .. } => "[memset]".to_owned(),
             };
+            if timed {
+                let us = |ns: i64| ns as f64 / 1e3;
+                let t = &mut times[place];
+                t[0].push(us((record.start - step.start) as i64));
+                t[1].push(us((record.end - record.start) as i64));
+                t[2].push(us(ns as i64));
+                t[3].push(us(frontier as i64 - record.start as i64));
+                if timeline.len() == place {
+                    let (grid, block) = match record.activity {
+                        Activity::Kernel { grid, block, .. } => (grid, block),
+                        _ => ([0; 3], [0; 3]),
+                    };
+                    timeline.push(TimelineRow {
+                        family: family.clone(),
+                        window: None,
+                        grid,
+                        block,
+                        weights: None,
+                        start_us: 0.0,
+                        duration_us: 0.0,
+                        exclusive_us: 0.0,
+                        early_us: 0.0,
+                    });
+                }
+            }
+            frontier = frontier.max(record.end);
             let totals = families.entry(family.clone()).or_default();
             totals.launches += 1;
             totals.exclusive_ns += ns;
@@ -192,6 +246,9 @@ pub fn analyse_setting(
             };
             let kernel = &names[name];
             totals.window = windows.window_of(kernel.function());
+            if timed {
+                timeline[place].window.clone_from(&totals.window);
+            }
             let attribution = if launch_log::is_logged(kernel.function()) {
                 logged_index += 1;
                 &logged_attribution(&replayed, logged_index - 1)
@@ -204,6 +261,9 @@ pub fn analyse_setting(
             totals.reads_weights = true;
             match attribution {
                 Ok(a) => {
+                    if timed {
+                        timeline[place].weights = Some(a.weights.clone());
+                    }
                     totals.bytes += a.bytes;
                     totals.attributed_ns += ns;
                     let w = weight_totals
@@ -220,6 +280,12 @@ pub fn analyse_setting(
                 }
             }
         }
+    }
+    for (row, t) in timeline.iter_mut().zip(&times) {
+        row.start_us = bench::median(&t[0]);
+        row.duration_us = bench::median(&t[1]);
+        row.exclusive_us = bench::median(&t[2]);
+        row.early_us = bench::median(&t[3]);
     }
     let n = steady.steps.len() as f64;
     let busy_us = busy as f64 / 1e3 / n;
@@ -288,7 +354,34 @@ pub fn analyse_setting(
             .collect(),
         weight_bytes,
         weight_us,
+        timeline,
     })
+}
+
+/// A setting's steady step launch by launch, tab-separated (`timeline-<setting>.tsv`): where each
+/// kernel starts, how long it runs, its exclusive time and how early it started under programmatic
+/// dependent launch, for reading a window's launches in their place.
+pub fn timeline_tsv(s: &SettingProfile) -> String {
+    let mut out = String::from(
+        "place\tfamily\twindow\tgrid\tblock\tweights\tstart_us\tduration_us\texclusive_us\tearly_us\n",
+    );
+    for (place, r) in s.timeline.iter().enumerate() {
+        let dims = |d: [u32; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
+        let _ = writeln!(
+            out,
+            "{place}\t{}\t{}\t{}\t{}\t{}\t{:.2}\t{:.2}\t{:.2}\t{:.2}",
+            r.family,
+            r.window.as_deref().unwrap_or("-"),
+            dims(r.grid),
+            dims(r.block),
+            r.weights.as_deref().unwrap_or("-"),
+            r.start_us,
+            r.duration_us,
+            r.exclusive_us,
+            r.early_us
+        );
+    }
+    out
 }
 
 /// What the k-th logged kernel of a step read: the k-th launch of the replayed pass.
