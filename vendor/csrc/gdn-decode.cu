@@ -330,7 +330,12 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt
 // that share that key head through the scratch and a.flags[h] (set to the number of those blocks,
 // each takes one off: it is 0 again when the launch ends). One sequence never reads a row another
 // writes, so no state needs copying aside. Same expressions and sum orders as prep and recur.
-static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const frt_gdn_decode_args a) {
+// early: the dependents may start now (frt_pdl_early_dependents) instead of after the state
+// update; their wait covers every write.
+static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const frt_gdn_decode_args a, bool early) {
+    if (early) {
+        frt_pdl_launch_dependents();
+    }
     const int  h        = blockIdx.x;
     const int  lane     = threadIdx.x;
     const int  warp     = threadIdx.y;
@@ -461,7 +466,7 @@ cudaError_t frt_gdn_decode(const frt_gdn_decode_args & a, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     }
     if (a.n_seqs == 1 && a.flags != nullptr) {
-        return frt_launch(frt_gdn_single_kernel, dim3(a.v_heads), dim3(32, 32), 0, stream, a);
+        return frt_launch(frt_gdn_single_kernel, dim3(a.v_heads), dim3(32, 32), 0, stream, a, frt_pdl_early_dependents());
     }
     const int   conv_blocks = 2 * a.k_heads + a.v_heads;
     cudaError_t err = frt_launch(frt_gdn_prep_kernel, dim3(conv_blocks + copy_blocks), dim3(head_dim), 0, stream, a);

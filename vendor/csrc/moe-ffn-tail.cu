@@ -3,9 +3,13 @@
 
 constexpr int moe_tail_threads = 256;  // moe_weighted_reduction_f32's block
 
-static __global__ void __launch_bounds__(moe_tail_threads) frt_moe_tail_kernel(const frt_moe_tail_args a) {
+// early: the dependents may start now (frt_pdl_early_dependents); their wait covers our writes.
+static __global__ void __launch_bounds__(moe_tail_threads) frt_moe_tail_kernel(const frt_moe_tail_args a, bool early) {
     const int t   = blockIdx.x;
     const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (early) {
+        frt_pdl_launch_dependents();
+    }
     frt_pdl_wait();
     if (col >= a.n_embd) {
         frt_pdl_launch_dependents();
@@ -36,5 +40,5 @@ cudaError_t frt_moe_tail(const frt_moe_tail_args & a, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     }
     const dim3 grid(a.tokens, (a.n_embd + moe_tail_threads - 1) / moe_tail_threads);
-    return frt_launch(frt_moe_tail_kernel, grid, dim3(moe_tail_threads), 0, stream, a);
+    return frt_launch(frt_moe_tail_kernel, grid, dim3(moe_tail_threads), 0, stream, a, frt_pdl_early_dependents());
 }

@@ -30,6 +30,11 @@ static __device__ __forceinline__ void frt_pdl_launch_dependents() {
 // Whether launches use PDL: like ggml-cuda, on unless GGML_CUDA_PDL=0.
 bool frt_pdl_enabled();
 
+// Whether the short kernels that precede a GEMV launch (MOE_TAIL's, GDN's one-launch kernel) let
+// their dependents start at their own start rather than near their end, so that the GEMV's blocks
+// stage their weights meanwhile: GGML_FLASHRT_EARLY_DEPENDENTS=1 (an experiment until measured).
+bool frt_pdl_early_dependents();
+
 // Launches `kernel` on `stream`, with PDL when enabled; returns the launch error. Capture-safe.
 template <typename... Params, typename... Args>
 cudaError_t frt_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
