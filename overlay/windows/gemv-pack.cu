@@ -940,7 +940,16 @@ static bool add_residual_adds(const ggml_cgraph * cgraph, int i, const ggml_tens
 // and the memory allows; otherwise the pack stays as it is.
 static void add_own_input_matvec(const ggml_cgraph * cgraph, int i, const ggml_tensor * input,
                                  flashrt_gemv_pack & pack) {
+    // GGML_FLASHRT_DOWN_PAIR=0: the shared expert's down projection keeps a launch of its own (to
+    // bisect).
+    static const bool enabled = [] {
+        const char * v = std::getenv("GGML_FLASHRT_DOWN_PAIR");
+        return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
     const ggml_tensor * anchor = cgraph->nodes[i];
+    if (!enabled) {
+        return;
+    }
     if (!is_expert_matvec(anchor) || input->ne[1] == 1 || input->ne[2] != 1 || pack.n >= FRT_GEMV_MAX_SEGMENTS) {
         return;
     }
