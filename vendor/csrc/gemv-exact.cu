@@ -650,6 +650,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             }
             const int end = min(n, (c + 1) * chunk_rows);
             if constexpr (!glu) {
+#pragma unroll 4
                 for (int j = c * chunk_rows + sub; j < end; j += together) {
                     part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * s.row_stride);
                 }
