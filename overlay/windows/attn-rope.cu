@@ -33,11 +33,6 @@ struct attn_rope_run {
     int                 end;    // index of v_set
 };
 
-// The tensor a view shows (itself when it is none).
-static const ggml_tensor * base_of(const ggml_tensor * t) {
-    return t->view_src != nullptr ? t->view_src : t;
-}
-
 // Whether nodes j, j + 1, j + 2 are RMS_NORM -> MUL of it -> ROPE of that.
 static bool norm_mul_rope_at(const ggml_cgraph * cgraph, int j, attn_rope_side & s) {
     if (j + 2 >= cgraph->n_nodes) {
@@ -114,7 +109,7 @@ static const char * attn_rope_collect(const ggml_cgraph * cgraph, int i, attn_ro
     }
     const int after = flashrt_skip_views(cgraph, i + 3);
     if (after < cgraph->n_nodes && cgraph->nodes[after]->op == GGML_OP_SET_ROWS &&
-        base_of(cgraph->nodes[after]->src[0]) == r.q.rope) {
+        flashrt_view_base(cgraph->nodes[after]->src[0]) == r.q.rope) {
         return flashrt_miss_anchor;  // k's norm, whose run starts at q's
     }
     if (r.q.x->ne[2] > FRT_ATTN_ROPE_MAX_TOKENS) {
@@ -152,7 +147,7 @@ static const char * attn_rope_collect(const ggml_cgraph * cgraph, int i, attn_ro
     }
     r.k_set                    = cgraph->nodes[r.k_set_at];
     const ggml_tensor * k_view = r.k_set->src[0];
-    if (!is_cache_write(r.k_set, D * r.k.x->ne[1], T) || base_of(k_view) != r.k.rope || k_view->view_offs != 0 ||
+    if (!is_cache_write(r.k_set, D * r.k.x->ne[1], T) || flashrt_view_base(k_view) != r.k.rope || k_view->view_offs != 0 ||
         !ggml_is_contiguous(k_view) || !ggml_is_contiguous(r.k.rope)) {
         return "k's RoPE is not written whole into an F16 cache by a SET_ROWS after it";
     }
@@ -166,7 +161,7 @@ static const char * attn_rope_collect(const ggml_cgraph * cgraph, int i, attn_ro
     }
     r.v = r.v_set->src[0];
     for (const ggml_tensor * t : { r.q.norm, r.q.mul, r.q.rope, r.k.norm, r.k.mul, r.k.rope }) {
-        if (base_of(r.v) == t) {
+        if (flashrt_view_base(r.v) == t) {
             return "v is a value of the run";
         }
     }
@@ -226,8 +221,8 @@ flashrt_match flashrt_match_attn_rope(const ggml_cgraph * cgraph, int i) {
             continue;
         }
         for (const ggml_tensor * src : t->src) {
-            if (src != nullptr &&
-                (base_of(src) == r.q.norm || base_of(src) == r.q.mul || base_of(src) == r.q.rope)) {
+            const ggml_tensor * base = src != nullptr ? flashrt_view_base(src) : nullptr;
+            if (base != nullptr && (base == r.q.norm || base == r.q.mul || base == r.q.rope)) {
                 return flashrt_miss("a node between q's RoPE and k's norm reads q's values");
             }
         }

@@ -56,17 +56,13 @@ static const ggml_tensor * segment_input(const ggml_tensor * node) {
     return node->src[1];
 }
 
-// The tensor a view looks into (ggml keeps view_src pointing at a tensor that is not a view).
-static const ggml_tensor * view_base(const ggml_tensor * t) {
-    return t->view_src != nullptr ? t->view_src : t;
-}
 
 // One token's input vector seen two ways: the experts' [k, 1, 1] view and the dense [k, 1] tensor.
 // Equal data pointers alone do not make the same vector: ggml-alloc lends a dead tensor's memory to
 // a later one (the next layer's normed input lands where this layer's was), so both must also view
 // the same tensor.
 static bool same_vector(const ggml_tensor * a, const ggml_tensor * b) {
-    return a == b || (view_base(a) == view_base(b) && a->data == b->data && a->type == GGML_TYPE_F32 &&
+    return a == b || (flashrt_view_base(a) == flashrt_view_base(b) && a->data == b->data && a->type == GGML_TYPE_F32 &&
                       b->type == GGML_TYPE_F32 &&
                       a->ne[0] == b->ne[0] && ggml_nelements(a) == a->ne[0] && ggml_nelements(b) == b->ne[0] &&
                       ggml_is_contiguous(a) && ggml_is_contiguous(b));

@@ -103,7 +103,7 @@ static bool reads_run(const ggml_cgraph * cgraph, const ggml_tensor * t, int fir
         }
         for (int u = first; u <= last; ++u) {
             const ggml_tensor * n = cgraph->nodes[u];
-            if (src == n || (src->view_src != nullptr && src->view_src == (n->view_src ? n->view_src : n))) {
+            if (src == n || (src->view_src != nullptr && src->view_src == flashrt_view_base(n))) {
                 return true;
             }
         }

@@ -15,6 +15,12 @@ inline bool flashrt_is_view(const ggml_tensor * t) {
            t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE;
 }
 
+// The tensor a view looks into (ggml keeps view_src pointing at a tensor that is not a view), or
+// the tensor itself.
+inline const ggml_tensor * flashrt_view_base(const ggml_tensor * t) {
+    return t->view_src != nullptr ? t->view_src : t;
+}
+
 // The first node at or after `i` that is not a view (at most 4 views are skipped).
 inline int flashrt_skip_views(const ggml_cgraph * cgraph, int i) {
     int k = i;
