@@ -42,15 +42,16 @@ static const flashrt_window flashrt_registry[] = {
       flashrt_match_shexp_fold, flashrt_run_shexp_fold, flashrt_prepare_shexp_fold },
     { "MATVEC", flashrt_tier::safe, 900, { GGML_OP_MUL_MAT, GGML_OP_MUL_MAT_ID },
       flashrt_match_matvec, flashrt_run_matvec, flashrt_prepare_matvec },
-    // full until measured on a GPU (FRT_MOE_TOPK_SWAP=1 turns it on).
-    { "MOE_TOPK", flashrt_tier::full, 900, { GGML_OP_SOFT_MAX, GGML_OP_COUNT },
+    // safe: with ATTN_ROPE and the early dependents, tg128 1.240x -> 1.319x stock, parity
+    // bit-for-bit on the 4- and 40-layer models (bench/results/2026-12-01-75c99d4-h200-topk-rope-early).
+    { "MOE_TOPK", flashrt_tier::safe, 900, { GGML_OP_SOFT_MAX, GGML_OP_COUNT },
       flashrt_match_moe_topk, flashrt_run_moe_topk, nullptr, flashrt_run_claimed_moe_topk },
     // safe: measured with ROUTER (above).
     { "MOE_TAIL", flashrt_tier::safe, 900, { GGML_OP_MUL, GGML_OP_COUNT },
       flashrt_match_moe_tail, flashrt_run_moe_tail, nullptr },
-    // full: compiled and CPU-tested, not yet run on a GPU (FRT_ATTN_ROPE_SWAP=1 turns it on). At
-    // RMS_NORM after the norm packs, which take only norms that matvecs read: q's and k's are left.
-    { "ATTN_ROPE", flashrt_tier::full, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
+    // safe: measured with MOE_TOPK (above). At RMS_NORM after the norm packs, which take only norms
+    // that matvecs read: q's and k's are left.
+    { "ATTN_ROPE", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
       flashrt_match_attn_rope, flashrt_run_attn_rope, nullptr },
 };
 

@@ -13,7 +13,7 @@ bool frt_pdl_enabled() {
 bool frt_pdl_early_dependents() {
     static const bool early = [] {
         const char * env = std::getenv("GGML_FLASHRT_EARLY_DEPENDENTS");
-        return env != nullptr && std::atoi(env) != 0;
+        return env == nullptr || std::atoi(env) != 0;
     }();
     return early;
 }

@@ -32,7 +32,8 @@ bool frt_pdl_enabled();
 
 // Whether the short kernels that precede a GEMV launch (MOE_TAIL's, GDN's one-launch kernel) let
 // their dependents start at their own start rather than near their end, so that the GEMV's blocks
-// stage their weights meanwhile: GGML_FLASHRT_EARLY_DEPENDENTS=1 (an experiment until measured).
+// stage their weights meanwhile. On unless GGML_FLASHRT_EARLY_DEPENDENTS=0 (measured with MOE_TOPK
+// and ATTN_ROPE: bench/results/2026-12-01-75c99d4-h200-topk-rope-early).
 bool frt_pdl_early_dependents();
 
 // Launches `kernel` on `stream`, with PDL when enabled; returns the launch error. Capture-safe.
