@@ -3,7 +3,7 @@
 # then gemv-bench of each at 1 token, and a table of the median µs per shape and kernel (the first
 # build, then each other one with its ratio to the first). For kernel changes that need no
 # llama.cpp build: each folder is built on a CPU machine by bench/tools/gemv-variant.sh (a
-# checkout or worktree, nvcc options such as -DFRT_GEMV_EXACT_CHUNKS=4), and the folders are
+# checkout or worktree, nvcc options), and the folders are
 # carried (under .xtask/, e.g. .xtask/gemv-a and .xtask/gemv-b).
 # gemv-bench options follow the folders: --between times each kernel after a small PDL kernel, as
 # decode runs it (a kernel that wins back to back can lose there: docs/perf-notes.md, exact kernel v3).

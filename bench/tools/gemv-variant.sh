@@ -2,8 +2,8 @@
 # Builds one variant of the vendor GEMV kernels for bench/device/gemv-ab.sh on a machine without a
 # GPU (the pip nvcc that `cargo xtask build --overlay-only` installs): test-gemv and gemv-bench,
 # stripped, into OUT_DIR. SRC is a checkout (this one, or a worktree of another commit); the
-# options after it go to nvcc, e.g. -DFRT_GEMV_EXACT_CHUNKS=4.
-#   bash bench/tools/gemv-variant.sh . .xtask/gemv-c4 -DFRT_GEMV_EXACT_CHUNKS=4
+# options after it go to nvcc (-D macros of an experiment).
+#   bash bench/tools/gemv-variant.sh . .xtask/gemv-new
 #   git worktree add /tmp/base REV && bash bench/tools/gemv-variant.sh /tmp/base .xtask/gemv-base
 # About 2 minutes on 2 cores; ~22 MB a variant (a device call carries at most 64 MiB).
 set -euo pipefail

@@ -37,13 +37,15 @@
 #include "gemv-impl.cuh"
 
 #include <cfloat>
+#include <cstdlib>
 
 static constexpr int kStockThreads = 128;  // stock mmvq's block for one token: the threads of a row
 // A block: 4 rows' worth of stock's threads side by side, 2 blocks an SM. Large blocks because
 // every block norms and quantizes x itself: 2 blocks an SM do that 264 times a launch on the H200
 // where 128-thread blocks did it over a thousand times (gemv-bench: attn_qkv 7.2 µs against 11-12).
 static constexpr int kExactThreads = 512;
-static constexpr int kExactMaxRows = 64;  // rows a block
+static constexpr int kExactMaxRows = 64;  // rows a block, when that makes a launch of at least a wave
+static constexpr int kExactWaveRows = 96;  // rows a block, when that brings a launch into one wave
 static constexpr int kExactBlocksPerSm = 2;  // at most 64 registers a thread
 
 // One segment as the kernel reads it: blocks [block_begin, block_begin + slots x chunks) of the
@@ -485,21 +487,18 @@ static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot
     s.out[(int64_t) slot * s.out_stride + row] = v;
 }
 
-// A block's staged rows arrive in this many groups of copies, each multiplied as soon as it is in
+// A block's staged rows may arrive in CHUNKS groups of copies, each multiplied as soon as it is in
 // while the later ones are still in flight (with one group the SM's memory pipe idles during the
-// products, and its ALUs during the copies). An experiment until measured: more than one group
-// makes ptxas spill 36-52 bytes (docs/perf-notes.md); gemv-bench builds with
-// -DFRT_GEMV_EXACT_CHUNKS=2 or 4 to compare.
-#ifndef FRT_GEMV_EXACT_CHUNKS
-#define FRT_GEMV_EXACT_CHUNKS 1
-#endif
-static constexpr int kExactChunks = FRT_GEMV_EXACT_CHUNKS;
+// products, and its ALUs during the copies). An experiment until measured in decode:
+// GGML_FLASHRT_EXACT_CHUNKS=2 or 4 picks the kernel instance (default 1, one group); more than one
+// group makes ptxas spill 36-52 bytes (docs/perf-notes.md).
+static constexpr int kExactMaxChunks = 4;
 
 static __device__ __forceinline__ void exact_cp_async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-// Waits until at most `pending` (0 .. kExactChunks - 1) of this thread's copy groups are in flight.
+// Waits until at most `pending` (0 .. kExactMaxChunks - 1) of this thread's copy groups are in flight.
 static __device__ __forceinline__ void exact_cp_async_wait(int pending) {
     switch (pending) {
         case 0:  asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
@@ -508,7 +507,7 @@ static __device__ __forceinline__ void exact_cp_async_wait(int pending) {
         default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
     }
 }
-static_assert(kExactChunks >= 1 && kExactChunks <= 4, "exact_cp_async_wait waits for at most 3 groups in flight");
+static_assert(kExactMaxChunks <= 4, "exact_cp_async_wait waits for at most 3 groups in flight");
 
 // Copies `bytes` from global src into shared dst with cp.async, `unit` (16 or 4) bytes a copy,
 // the block's threads in turn; gemv_cp_async_wait_all waits for them.
@@ -566,7 +565,7 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
-template <int TYPE, bool STAGED, bool GLU>
+template <int TYPE, bool STAGED, bool GLU, int CHUNKS>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
@@ -583,12 +582,12 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     constexpr bool glu  = GLU;  // the launch's segments all have FRT_GEMV_SWIGLU
     const int64_t bytes = (int64_t) n * s.row_stride;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
-    // Rows go `together` at a time (a round); the staged rows in kExactChunks groups of whole rounds
-    // (the last ones may be empty).
-    const int     chunk_rows = ((n + together - 1) / together + kExactChunks - 1) / kExactChunks * together;
+    // Rows go `together` at a time (a round); the staged rows in CHUNKS groups of whole rounds (the
+    // last ones may be empty).
+    const int     chunk_rows = ((n + together - 1) / together + CHUNKS - 1) / CHUNKS * together;
     const auto    stage_rows = [&]() {
 #pragma unroll
-        for (int c = 0; c < kExactChunks; ++c) {
+        for (int c = 0; c < CHUNKS; ++c) {
             const int64_t first = min(bytes, (int64_t) c * chunk_rows * s.row_stride);
             const int64_t last  = min(bytes, (int64_t) (c + 1) * chunk_rows * s.row_stride);
             exact_copy(stage + first, s.w + off + first, last - first, s.stage_unit);
@@ -640,9 +639,9 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         };
         // Chunk by chunk, every thread at each chunk's barrier.
 #pragma unroll
-        for (int c = 0; c < kExactChunks; ++c) {
+        for (int c = 0; c < CHUNKS; ++c) {
             if (STAGED) {
-                exact_cp_async_wait(kExactChunks - 1 - c);
+                exact_cp_async_wait(CHUNKS - 1 - c);
                 __syncthreads();
             }
             if (!valid) {
@@ -715,7 +714,7 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
 
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill).
-template <bool GLU>
+template <bool GLU, int CHUNKS>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -730,16 +729,16 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, CHUNKS>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, 1>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, CHUNKS>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, 1>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, CHUNKS>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, 1>(p, s, slot, row0, n, vec, smem);
             break;
         default:
             s.stage_unit ? exact_rows_f32<true>(p, s, slot, row0, n, vec, smem)
@@ -780,6 +779,16 @@ int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf)
     int  smem_part = 0;
     bool q8 = false, f32 = false;
     return exact_layout(a, smem_xm, smem_xf, smem_part, q8, f32);
+}
+
+// The kernel instance's copy groups (CHUNKS): GGML_FLASHRT_EXACT_CHUNKS=2 or 4, else 1.
+static int exact_chunks() {
+    static const int chunks = [] {
+        const char * env = std::getenv("GGML_FLASHRT_EXACT_CHUNKS");
+        const int    n   = env != nullptr ? std::atoi(env) : 1;
+        return n == 2 || n == kExactMaxChunks ? n : 1;
+    }();
+    return chunks;
 }
 
 // One instance of the kernel, with the shared memory it may use.
@@ -861,31 +870,63 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.need_q8        = q8;
     p.need_f32       = f32;
     const int wave   = dev.sms * kExactBlocksPerSm;
-    int       rows   = std::min(kExactMaxRows, std::max(4, ((total + wave - 1) / wave + 3) / 4 * 4));
     const int copies = exact_row_copies(a);
+    // The launch's shape at `rows` rows a block: each staged segment's rows a block (`rows`, or as
+    // many of its wider rows as fit, at least 4: else its rows are read in place), the shared
+    // memory, the blocks.
+    struct exact_shape {
+        int rows, smem, blocks;
+        int chunk_rows[FRT_GEMV_MAX_SEGMENTS], units[FRT_GEMV_MAX_SEGMENTS];
+    };
+    const auto shape_at = [&](int rows) {
+        exact_shape sh = {};
+        sh.rows        = rows;
+        const int stage_at = p.smem_part + copies * rows * kStockThreads * (int) sizeof(float);  // after the sums
+        sh.smem            = stage_at;
+        for (int i = 0; i < a.n_segments; ++i) {
+            const frt_gemv_segment & s = a.seg[i];
+            sh.units[i]                = units[i];
+            sh.chunk_rows[i]           = rows;
+            if (units[i] != 0) {
+                const int64_t fit = (kMaxSmem - stage_at) / (copies * s.row_stride) / 4 * 4;
+                if (fit < 4) {
+                    sh.units[i] = 0;  // rows of over 20 KB
+                } else {
+                    sh.chunk_rows[i] = (int) std::min<int64_t>(rows, fit);
+                    sh.smem = std::max(sh.smem, stage_at + (int) (copies * sh.chunk_rows[i] * s.row_stride));
+                }
+            }
+            sh.blocks += (s.ids != nullptr ? s.n_used : 1) * ((s.rows + sh.chunk_rows[i] - 1) / sh.chunk_rows[i]);
+        }
+        return sh;
+    };
+    int rows = std::min(kExactMaxRows, std::max(4, ((total + wave - 1) / wave + 3) / 4 * 4));
     if (main_width > 0) {  // as many as fit in shared memory with their sums
         rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (copies * (main_width + kStockThreads * 4)) / 4 * 4));
     }
-    p.smem_stage = p.smem_part + copies * rows * kStockThreads * (int) sizeof(float);  // after the sums
-    p.rows_per_block = rows;
-    // Each staged segment's rows a block: `rows`, or as many of its wider rows as fit (at least 4:
-    // else its rows are read in place).
-    int chunk_rows[FRT_GEMV_MAX_SEGMENTS];
-    int staged = p.smem_stage;
-    for (int i = 0; i < a.n_segments; ++i) {
-        chunk_rows[i] = rows;
-        if (units[i] == 0) {
-            continue;
+    exact_shape shape = shape_at(rows);
+    // A launch a little over one wave (the experts' down projection with the shared expert's: 18432
+    // rows, 288 blocks of 64 where a wave is 264) pays a whole block's time for the few blocks of
+    // its second wave: it takes up to kExactWaveRows rows a block instead when that brings it into
+    // one wave and fits in shared memory. Every row's sum is computed as before.
+    for (int more = rows + 4; shape.blocks > wave && more <= kExactWaveRows; more += 4) {
+        const exact_shape wider = shape_at(more);
+        if (wider.smem > kMaxSmem) {
+            break;
         }
-        const int64_t fit = (kMaxSmem - p.smem_stage) / (copies * a.seg[i].row_stride) / 4 * 4;
-        if (fit < 4) {
-            units[i] = 0;  // rows of over 20 KB
-            continue;
+        if (wider.blocks <= wave) {
+            shape = wider;
         }
-        chunk_rows[i] = (int) std::min<int64_t>(rows, fit);
-        staged = std::max(staged, p.smem_stage + (int) (copies * chunk_rows[i] * a.seg[i].row_stride));
     }
-    const int smem = staged;
+    rows             = shape.rows;
+    p.smem_stage     = p.smem_part + copies * rows * kStockThreads * (int) sizeof(float);  // after the sums
+    p.rows_per_block = rows;
+    int chunk_rows[FRT_GEMV_MAX_SEGMENTS];
+    for (int i = 0; i < a.n_segments; ++i) {
+        chunk_rows[i] = shape.chunk_rows[i];
+        units[i]      = shape.units[i];
+    }
+    const int smem = shape.smem;
     int blocks         = 0;
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
@@ -910,6 +951,16 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.stage_unit      = units[i];
         blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
     }
-    return a.seg[0].epilogue == FRT_GEMV_SWIGLU ? exact_launch<frt_gemv_exact_kernel<true>>(device, blocks, smem, stream, p)
-                                                : exact_launch<frt_gemv_exact_kernel<false>>(device, blocks, smem, stream, p);
+    const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
+    switch (exact_chunks()) {
+        case 2:
+            return glu ? exact_launch<frt_gemv_exact_kernel<true, 2>>(device, blocks, smem, stream, p)
+                       : exact_launch<frt_gemv_exact_kernel<false, 2>>(device, blocks, smem, stream, p);
+        case 4:
+            return glu ? exact_launch<frt_gemv_exact_kernel<true, 4>>(device, blocks, smem, stream, p)
+                       : exact_launch<frt_gemv_exact_kernel<false, 4>>(device, blocks, smem, stream, p);
+        default:
+            return glu ? exact_launch<frt_gemv_exact_kernel<true, 1>>(device, blocks, smem, stream, p)
+                       : exact_launch<frt_gemv_exact_kernel<false, 1>>(device, blocks, smem, stream, p);
+    }
 }
