@@ -597,6 +597,64 @@ static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pac
     flashrt_log_launch(window, bytes, names);
 }
 
+// How far before a routed experts' matvec its top-k run is looked for.
+static constexpr int guess_lookback = 64;
+
+// GGML_FLASHRT_GUESS_EXPERTS=1 (experiment): add_guess.
+static bool guess_enabled() {
+    static const bool enabled = [] {
+        const char * v = std::getenv("GGML_FLASHRT_GUESS_EXPERTS");
+        return v != nullptr && std::strcmp(v, "1") == 0;
+    }();
+    return enabled;
+}
+
+// An exact launch of routed experts whose ids a softmax top-k run chose (MOE_TOPK's pattern) and
+// that does not compute them itself (the experts' down projection; the gate/up where MOE_TOPK
+// missed): the router's logits as the launch's guess (frt_gemv_args::guess_logits), so that its
+// blocks stage their experts' rows before the wait. Left out where a node between the run and the
+// launch writes over the logits (the guess would miss and the rows be copied twice). The guess
+// changes no output: the ids decide after the wait.
+static void add_guess(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, frt_gemv_args & a) {
+    if (!guess_enabled() || a.route_logits != nullptr) {
+        return;
+    }
+    int                 at  = -1;
+    const ggml_tensor * ids = nullptr;
+    for (int p = 0; p < pack.n && ids == nullptr; ++p) {
+        const ggml_tensor * t = cgraph->nodes[pack.nodes[p]];
+        const ggml_tensor * mm = t->op == GGML_OP_GLU ? t->src[1] : t;
+        if (mm != nullptr && mm->op == GGML_OP_MUL_MAT_ID) {
+            at  = pack.nodes[p];
+            ids = mm->src[2];
+        }
+    }
+    if (ids == nullptr || ids->op != GGML_OP_VIEW || ids->src[0] == nullptr || ids->src[0]->op != GGML_OP_ARGSORT) {
+        return;
+    }
+    const ggml_tensor * softmax = ids->src[0]->src[0];
+    for (int t = at - 1; t >= 0 && t >= at - guess_lookback; --t) {
+        if (cgraph->nodes[t] != softmax) {
+            continue;
+        }
+        flashrt_moe_topk_run r;
+        if (flashrt_moe_topk_run_at(cgraph, t, r) != nullptr || r.ids != ids) {
+            return;
+        }
+        for (int u = t + 1; u < at; ++u) {
+            const ggml_tensor * n = cgraph->nodes[u];
+            if (!flashrt_is_view(n) && n->data != nullptr && flashrt_overlaps(n, r.logits)) {
+                return;
+            }
+        }
+        a.guess_logits = (const float *) r.logits->data;
+        if (frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {
+            a.guess_logits = nullptr;
+        }
+        return;
+    }
+}
+
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                            const char * window) {
     frt_gemv_args a;
@@ -607,6 +665,8 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
     const frt_gemv_kernel kernel = pack_kernel(cgraph, pack, a);
     if (kernel != FRT_GEMV_KERNEL_EXACT) {
         use_repacked(ctx, cgraph, pack, a);
+    } else {
+        add_guess(cgraph, pack, a);
     }
     FLASHRT_CHECK(window, frt_gemv(a, ctx.stream(), kernel));
     if (flashrt_launch_log_enabled()) {

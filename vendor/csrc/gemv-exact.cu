@@ -80,6 +80,9 @@ struct exact_params {
     int32_t *     route_ids;
     float *       route_weights;
     int           route_ept, route_n_used, route_norm;
+    // frt_gemv_args::guess_logits: the expert blocks select from these before their wait (route_ept
+    // and route_n_used describe the selection), write nothing, and stage the rows guessed.
+    const float * guess_logits;
     float         route_clamp, route_scale;
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
 };
@@ -128,12 +131,12 @@ static __device__ __forceinline__ float exact_warp_max(float v) {
 // across the warp, max(sum, clamp), the weights times 1 / sum; the written weight times the scale.
 // ids[] (shared memory) receives the experts in selection order; block 0 writes the weights.
 template <int EPT>
-static __device__ void exact_route_warp(const exact_params & p, int * ids) {
+static __device__ void exact_route_warp(const exact_params & p, const float * logits, bool publish, int * ids) {
     const int lane = threadIdx.x % 32;
     float     wt[EPT];
 #pragma unroll
     for (int i = 0; i < EPT; ++i) {
-        wt[i] = p.route_logits[i * 32 + lane];
+        wt[i] = __ldcg(logits + i * 32 + lane);  // L2: a guess reads them before the wait
     }
     float max_val = -INFINITY;
 #pragma unroll
@@ -202,26 +205,26 @@ static __device__ void exact_route_warp(const exact_params & p, int * ids) {
         const float inv    = 1.0f / wt_sum;
         weight *= inv;
     }
-    if (blockIdx.x == 0 && lane < p.route_n_used) {
+    if (publish && lane < p.route_n_used) {
         p.route_weights[lane] = weight * p.route_scale;
     }
 }
 
-// The launch's routing (after the wait: the logits come from the previous kernel) into ids[] for
-// the whole block; block 0 also writes the ids for the kernels after the launch. Every thread of
-// the block calls it.
-static __device__ void exact_route(const exact_params & p, int * ids) {
+// The selection from `logits` into ids[] for the whole block; with `publish` (block 0 of a launch
+// that routes) also written out for the kernels after the launch. Every thread of the block calls
+// it.
+static __device__ void exact_route(const exact_params & p, const float * logits, bool publish, int * ids) {
     if (threadIdx.x < 32) {
         switch (p.route_ept) {
-            case 1:  exact_route_warp<1>(p, ids); break;
-            case 2:  exact_route_warp<2>(p, ids); break;
-            case 4:  exact_route_warp<4>(p, ids); break;
-            case 8:  exact_route_warp<8>(p, ids); break;
-            default: exact_route_warp<16>(p, ids); break;
+            case 1:  exact_route_warp<1>(p, logits, publish, ids); break;
+            case 2:  exact_route_warp<2>(p, logits, publish, ids); break;
+            case 4:  exact_route_warp<4>(p, logits, publish, ids); break;
+            case 8:  exact_route_warp<8>(p, logits, publish, ids); break;
+            default: exact_route_warp<16>(p, logits, publish, ids); break;
         }
     }
     __syncthreads();
-    if (blockIdx.x == 0 && (int) threadIdx.x < p.route_n_used) {
+    if (publish && (int) threadIdx.x < p.route_n_used) {
         p.route_ids[threadIdx.x] = ids[threadIdx.x];
     }
 }
@@ -542,17 +545,40 @@ static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slo
 // (exact_matrix, which moves `off` to it). Returns whether the slot has a matrix. A launch that
 // routes selects the experts here, in the blocks of expert segments and in block 0 (which writes
 // the selection out).
-template <bool STAGED, typename COPY>
+//
+// A launch that guesses (guess_logits) stages its expert rows before the wait too: the experts
+// are selected from the router's logits, written two or more kernels back. The ids the graph holds
+// decide after the wait; rows staged for another expert (logits overwritten meanwhile, a top-k of
+// other bits) are copied again, once this thread's copies in flight have landed.
+// GUESS: the instance has the guessing path (not the SwiGLU gate/up's, which routes in its launch
+// and spills with it).
+template <bool STAGED, bool GUESS, typename COPY>
 static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params & p, const exact_seg & s, int slot,
                                                             int64_t & off, COPY copy) {
+    __shared__ int routed[32];
     if (STAGED && s.ids == nullptr) {
         copy();
+    } else if (STAGED && GUESS && p.guess_logits != nullptr) {
+        const int64_t base = off;
+        exact_route(p, p.guess_logits, false, routed);
+        const bool    guessed     = exact_matrix(s, slot, off, routed);
+        const int64_t guessed_off = off;
+        if (guessed) {
+            copy();
+        }
+        frt_pdl_wait();
+        off              = base;
+        const bool valid = exact_matrix(s, slot, off, nullptr);
+        if (valid && !(guessed && off == guessed_off)) {
+            exact_cp_async_wait(0);
+            copy();
+        }
+        return valid;
     }
     frt_pdl_wait();
-    __shared__ int routed[32];
-    const bool     route = p.route_ept != 0 && (s.ids != nullptr || blockIdx.x == 0);
+    const bool     route = p.route_logits != nullptr && (s.ids != nullptr || blockIdx.x == 0);
     if (route) {
-        exact_route(p, routed);
+        exact_route(p, p.route_logits, blockIdx.x == 0, routed);
     }
     const bool valid = exact_matrix(s, slot, off, route ? routed : nullptr);
     if (STAGED && valid && s.ids != nullptr) {
@@ -597,7 +623,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             exact_cp_async_commit();
         }
     };
-    const bool valid = exact_wait_and_stage<STAGED>(p, s, slot, off, stage_rows);
+    const bool valid = exact_wait_and_stage<STAGED, !GLU>(p, s, slot, off, stage_rows);
     const int      at   = exact_prologue(p, vec, smem, s.x);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
@@ -694,7 +720,8 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     uint8_t *     stage = smem + p.smem_stage;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
-    const bool valid = exact_wait_and_stage<STAGED>(p, s, slot, off, [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
+    const bool valid = exact_wait_and_stage<STAGED, false>(p, s, slot, off,
+                                                           [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
     const int     at   = exact_prologue(p, vec, smem, s.x);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;
@@ -828,6 +855,14 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         p.route_scale   = a.route_scale;
         for (int i = 0; i < a.n_segments; ++i) {
             if (a.seg[i].ids != nullptr) {
+                p.route_n_used = a.seg[i].n_used;
+            }
+        }
+    } else if (a.guess_logits != nullptr) {
+        p.guess_logits = a.guess_logits;
+        for (int i = 0; i < a.n_segments; ++i) {
+            if (a.seg[i].ids != nullptr) {
+                p.route_ept    = a.seg[i].n_experts / 32;
                 p.route_n_used = a.seg[i].n_used;
             }
         }

@@ -226,6 +226,33 @@ static const char * gemv_bulk_unsupported(const frt_gemv_args & a) {
 // instances make it (a multiple of 32 experts, a lane's share a power of two), at most a warp of
 // selected experts, every expert segment reading the selection.
 static const char * gemv_route_unsupported(const frt_gemv_args & a) {
+    if (a.guess_logits != nullptr) {
+        if (a.route_logits != nullptr) {
+            return "frt_gemv: a launch routes or guesses, not both";
+        }
+        const frt_gemv_segment * first = nullptr;
+        for (int i = 0; i < a.n_segments; ++i) {
+            const frt_gemv_segment & s = a.seg[i];
+            if (s.ids == nullptr) {
+                continue;
+            }
+            const int n = s.n_experts;
+            if (n != 32 && n != 64 && n != 128 && n != 256 && n != 512) {
+                return "frt_gemv: a guess over 32, 64, 128, 256 or 512 experts";
+            }
+            if (s.n_used < 1 || s.n_used > 32) {
+                return "frt_gemv: a guess selects 1 to 32 experts";
+            }
+            if (first != nullptr && (s.ids != first->ids || s.n_experts != first->n_experts || s.n_used != first->n_used)) {
+                return "frt_gemv: a guessing launch's expert segments read the same ids";
+            }
+            if (s.epilogue == FRT_GEMV_SWIGLU || s.type == FRT_GEMV_F32) {
+                return "frt_gemv: a guess stages quantized rows without the SwiGLU epilogue";
+            }
+            first = &s;
+        }
+        return first == nullptr ? "frt_gemv: a guess without expert segments" : nullptr;
+    }
     if (a.route_logits == nullptr) {
         return nullptr;
     }
@@ -292,7 +319,7 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
 
 const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
     if (kernel != FRT_GEMV_KERNEL_EXACT) {
-        if (a.route_logits != nullptr) {
+        if (a.route_logits != nullptr || a.guess_logits != nullptr) {
             return "frt_gemv: only the exact kernel selects the routed experts";
         }
         for (int i = 0; i < a.n_segments; ++i) {

@@ -149,6 +149,13 @@ struct frt_gemv_args {
     float         route_scale;
     int32_t *     route_ids;
     float *       route_weights;
+    // Exact kernel only, without route_logits: non-null, the router logits (one token) whose
+    // softmax top-k (as ggml-cuda's fused top-k selects, see route_logits) chose the ids the expert
+    // segments read, written at least two kernels before this launch. The launch selects from them
+    // before its wait and stages the chosen experts' rows early; after the wait the ids decide
+    // (rows staged for another expert are copied again), so the guess changes no bit, only when the
+    // rows start moving. Nothing is written. Every expert segment reads the same ids.
+    const float * guess_logits;
 };
 
 // Which kernel frt_gemv runs. AUTO: the fastest measured, today the register kernel everywhere

@@ -906,6 +906,104 @@ bool run_own_input_case(std::mt19937_64 & rng) {
     return ok;
 }
 
+// A launch that guesses its experts (frt_gemv_args::guess_logits) before its wait: the routed
+// experts' down projection with the shared expert's beside it, as MATVEC launches it. Logits of
+// distinct values 0.05 apart (shuffled): once with the ids their top-k selects (the guess holds),
+// once with ids drawn at random (most slots guessed wrong: the rows are copied again after the
+// wait). Every output bit for bit the same launch without the guess, the padding untouched.
+bool run_guess_case(std::mt19937_64 & rng) {
+    const int     k = 512, rows = 2048, dense_rows = 2043, n_experts = 64, n_used = 8;
+    const int64_t row_bytes = gemv_ref::gguf_row_bytes(FRT_GEMV_Q6_K, k);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float>              xe((size_t) n_used * k), xd(k), logits(n_experts);
+    for (float & v : xe) {
+        v = normal(rng);
+    }
+    for (float & v : xd) {
+        v = normal(rng);
+    }
+    for (int e = 0; e < n_experts; ++e) {
+        logits[e] = 0.05f * ((float) e - n_experts / 2);
+    }
+    std::shuffle(logits.begin(), logits.end(), rng);
+    std::vector<int32_t> order(n_experts);
+    for (int e = 0; e < n_experts; ++e) {
+        order[e] = e;
+    }
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+    std::vector<uint8_t> we((size_t) n_experts * rows * row_bytes), wd((size_t) dense_rows * row_bytes);
+    for (int64_t r = 0; r < (int64_t) n_experts * rows; ++r) {
+        gemv_ref::random_row(FRT_GEMV_Q6_K, k, we.data() + r * row_bytes, rng);
+    }
+    for (int64_t r = 0; r < dense_rows; ++r) {
+        gemv_ref::random_row(FRT_GEMV_Q6_K, k, wd.data() + r * row_bytes, rng);
+    }
+    float *      d_xe     = upload(xe);
+    float *      d_xd     = upload(xd);
+    float *      d_logits = upload(logits);
+    uint8_t *    d_we     = upload(we);
+    uint8_t *    d_wd     = upload(wd);
+    const size_t n_e = (size_t) n_used * (rows + 3), n_d = (size_t) dense_rows + 3;
+    bool         ok  = true;
+    int64_t      checked = 0, bad = 0;
+    for (int wrong = 0; wrong < 2; ++wrong) {
+        std::vector<int32_t> ids(order.begin(), order.begin() + n_used);
+        if (wrong) {
+            for (int32_t & id : ids) {
+                id = (int32_t) (rng() % n_experts);
+            }
+        }
+        int32_t * d_ids      = upload(ids);
+        float *   guessed[2] = { upload_poisoned(n_e), upload_poisoned(n_d) };
+        float *   plain[2]   = { upload_poisoned(n_e), upload_poisoned(n_d) };
+        for (int guess = 0; guess < 2; ++guess) {
+            float ** out = guess ? guessed : plain;
+            frt_gemv_args a{};
+            a.x = d_xe, a.x_stride = k, a.k = k, a.tokens = 1, a.x_per_token = n_used, a.n_segments = 2;
+            frt_gemv_segment & e = a.seg[0];
+            e.type = FRT_GEMV_Q6_K, e.w = d_we, e.rows = rows, e.row_stride = row_bytes, e.out = out[0];
+            e.out_stride = rows + 3, e.ids = d_ids, e.ids_stride = n_used, e.n_used = n_used;
+            e.n_experts = n_experts, e.expert_stride = (int64_t) rows * row_bytes;
+            frt_gemv_segment & d = a.seg[1];
+            d.type = FRT_GEMV_Q6_K, d.w = d_wd, d.rows = dense_rows, d.row_stride = row_bytes, d.out = out[1];
+            d.out_stride = dense_rows + 3, d.x = d_xd;
+            a.guess_logits = guess ? d_logits : nullptr;
+            if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
+                std::printf("     guess: refused: %s\n", why);
+                ok = false;
+                break;
+            }
+            CHECK(frt_gemv(a, 0, FRT_GEMV_KERNEL_EXACT));
+        }
+        CHECK(cudaDeviceSynchronize());
+        for (int part = 0; part < 2; ++part) {
+            const size_t                n   = part == 0 ? n_e : n_d;
+            const int                   pad = part == 0 ? rows : dense_rows;
+            const std::vector<uint32_t> got  = download((const uint32_t *) guessed[part], n);
+            const std::vector<uint32_t> want = download((const uint32_t *) plain[part], n);
+            for (size_t at = 0; at < n; ++at) {
+                const bool padding = (int) (at % (pad + 3)) >= pad;
+                const bool good    = padding ? got[at] == kPoison : got[at] == want[at] && got[at] != kPoison;
+                ++checked;
+                if (!good && bad++ < 5) {
+                    std::printf("     guess (%s) %s element %zu: %08x, without %08x\n", wrong ? "wrong" : "right",
+                                part == 0 ? "experts" : "dense", at, got[at], want[at]);
+                }
+            }
+        }
+        for (void * m : { (void *) d_ids, (void *) guessed[0], (void *) guessed[1], (void *) plain[0], (void *) plain[1] }) {
+            CHECK(cudaFree(m));
+        }
+    }
+    for (void * m : { (void *) d_xe, (void *) d_xd, (void *) d_logits, (void *) d_we, (void *) d_wd }) {
+        CHECK(cudaFree(m));
+    }
+    ok = ok && bad == 0;
+    std::printf("%-4s %-34s exact k=%5d outputs=%9" PRId64 "  bit for bit the launch without the guess\n",
+                ok ? "ok" : "FAIL", "experts guessed, right and wrong", k, checked);
+    return ok;
+}
+
 bool run_refusals() {
     std::vector<float> host(4096 * 8, 1.0f);
     float *            d  = upload(host);
@@ -1008,6 +1106,9 @@ bool run_refusals() {
               a.route_ids       = (int32_t *) a.seg[0].out;
               a.route_weights   = a.seg[0].out;
           }, FRT_GEMV_KERNEL_EXACT },
+        { "a guess without experts (exact)", [](frt_gemv_args & a) { a.guess_logits = a.x; },
+          FRT_GEMV_KERNEL_EXACT },
+        { "a guess on the register kernel", [](frt_gemv_args & a) { a.guess_logits = a.x; } },
         { "own input on the register kernel", [](frt_gemv_args & a) { a.seg[0].x = a.x; } },
         { "own input with a norm (exact)", [](frt_gemv_args & a) {
               a.seg[0].x = a.x;
@@ -1219,6 +1320,7 @@ int main(int argc, char ** argv) {
         ++total;
     }
     failed += run_own_input_case(rng) ? 0 : 1;
+    failed += run_guess_case(rng) ? 0 : 1;
     ++total;
     failed += run_refusals() ? 0 : 1;
     ++total;
