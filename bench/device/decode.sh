@@ -10,7 +10,8 @@
 #            gemv-bench's table); cargo xtask profile, stock vs the overlay's default configuration
 #            (switches in the environment reach the overlay's runs)
 #   bench    cargo xtask bench --rounds 3 (tg128, pp512, tg128@d8192), the default configuration;
-#            parity on the 4-layer model, then on the 40-layer one when under 7 minutes have passed
+#            parity on the 4-layer model, then on the 40-layer one when under 7 minutes have passed;
+#            TESTS=tg128 (say) times fewer tests for a quicker A/B
 #   debug    llama-bench tg4 on the synthetic qwen36 GGUF with GGML_FLASHRT_DEBUG=1 (each
 #            "declined" line on stderr, counted) and GGML_FLASHRT_DUMP (the decode graph's nodes
 #            in the overlay's order, with the window that takes each)
@@ -104,7 +105,9 @@ bench)
     start=$(date +%s)
     mkdir -p /tmp/models
     [ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1
-    "$xtask" bench --model "$model" --arch 90a --rounds 3 2>&1 | tee "$out/bench.log" | grep -v '^\[' | tail -30
+    # TESTS: llama-bench tests for a quicker A/B (e.g. TESTS=tg128); default tg128, pp512, tg128@d8192.
+    "$xtask" bench --model "$model" --arch 90a --rounds 3 ${TESTS:+--tests "$TESTS"} 2>&1 | tee "$out/bench.log" \
+        | grep -v '^\[' | tail -30
     cp bench/results/*.json "$out/" 2>/dev/null || true
     small=/tmp/models/qwen36-l4-e8.gguf
     [ -f "$small" ] || "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" > "$out/synth-small.log" 2>&1
