@@ -1,4 +1,5 @@
 #include "diagnostics.cuh"
+#include "fa4.cuh"
 
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +91,7 @@ struct stats_at_exit {
                      (unsigned long long) stats.repack_tensors.load(), stats.repack_bytes.load() / (1024.0 * 1024.0),
                      (unsigned long long) stats.repack_per_use.load(), (unsigned long long) stats.repack_refused.load(),
                      stats.repack_refused_bytes.load() / (1024.0 * 1024.0));
+        std::fprintf(stderr, "FlashRT stats: %s\n", frt_fa4_summary());
         std::fprintf(stderr, "FlashRT stats: counts are per captured graph; CUDA graph replays reuse them\n");
     }
 };

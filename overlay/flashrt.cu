@@ -1,4 +1,5 @@
 #include "flashrt.cuh"
+#include "fa4.cuh"
 #include "diagnostics.cuh"
 #include "registry.cuh"
 #include "repack.cuh"
@@ -53,6 +54,9 @@ static const flashrt_runtime_state & runtime() {
                 GGML_LOG_INFO("FlashRT: window %s (%s) %s: %s\n", windows[w].name, flashrt_tier_name(windows[w].tier),
                               sw.enabled ? "on" : "off", sw.reason.c_str());
             }
+        }
+        if (flashrt_debug_enabled()) {
+            GGML_LOG_INFO("FlashRT: %s\n", frt_fa4_summary());
         }
         std::vector<std::string> environment;
         for (char ** e = environ; e && *e; ++e) {

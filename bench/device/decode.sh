@@ -78,6 +78,16 @@ check)
         say "test-backend-ops FLASHRT, GUESS_EXPERTS=1 EXACT_CHUNKS=4: FAILED"; grep -E "FAIL" "$out/tbo-guess.txt" | head
     fi
     say "FLASHRT cases: $passes of ${REPEAT:-10} rounds passed"
+    # The FA4 modules linked into the build (fa4_aot/objects/sm_90a), each against a float64 attention.
+    if compgen -G "fa4_aot/objects/sm_90a/*.o" > /dev/null; then
+        if "$xtask" build --arch 90a --targets test-fa4 > "$out/build-fa4.log" 2>&1; then
+            "$bin/test-fa4" > "$out/test-fa4.txt" 2>&1 || true
+            grep -E "^FAIL|error" "$out/test-fa4.txt" | head -10 || true
+            say "test-fa4: $(tail -1 "$out/test-fa4.txt")"
+        else
+            say "test-fa4: build FAILED"; tail -20 "$out/build-fa4.log"
+        fi
+    fi
     if [ "${FULL:-0}" = 1 ]; then
         "$xtask" test-backend-ops --arch 90a --full -j 16 > "$out/tbo-full.txt" 2>&1 || true
         say "test-backend-ops --full: $(grep -m1 'tests passed' "$out/tbo-full.txt" | xargs)"

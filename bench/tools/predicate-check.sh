@@ -14,6 +14,10 @@ for need in "$objects" "$ggml_lib/libggml-base.so" "$nvcc"; do
 done
 # Everything but the hooks (flashrt.cu, graph-order.cu), which need ggml-cuda's context.
 mapfile -t objs < <(find "$objects" -name '*.o' ! -name 'flashrt.cu.o' ! -name 'graph-order.cu.o')
+# An overlay built with FA4 (its CMake wrote the module list): fa4.cu's module table needs the objects.
+if [ -f "$objects/../../frt-fa4-modules.h" ]; then
+    objs+=("$root"/fa4_aot/objects/sm_90a/*.o)
+fi
 out=$root/.xtask/tmp/predicate-check
 mkdir -p "$(dirname "$out")"
 "$nvcc" -std=c++17 -arch=sm_90a -I "$host/ggml/include" -I "$host/ggml/src" -I "$host/ggml/src/ggml-cuda" \
