@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Grid barrier against kernel boundary (bench/tools/barrier-bench.cu): compiles it with the
+# device's nvcc (~20 s) and runs it (a few seconds); the table goes to $OUT/barrier-bench.md.
+# Usage (device, repository root): bench/device/barrier.sh [barrier-bench options]
+set -euo pipefail
+out=${OUT:-/tmp/barrier}
+mkdir -p "$out"
+build=$(mktemp -d /tmp/barrier-build.XXXXXX)
+nvcc -std=c++17 -O3 -arch=sm_${GEMV_ARCH:-90a} -I vendor/csrc bench/tools/barrier-bench.cu vendor/csrc/pdl.cu \
+    -o "$build/barrier-bench"
+"$build/barrier-bench" "$@" | tee "$out/barrier-bench.md"
