@@ -6,6 +6,7 @@
 #include "windows/gdn.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -286,6 +287,12 @@ struct flashrt_begun_graph {
 };
 static thread_local flashrt_begun_graph begun;
 
+static std::atomic<uint64_t> evaluations{ 0 };
+
+uint64_t flashrt_evaluation() {
+    return evaluations.load();
+}
+
 void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop) {
     if (runtime().disabled) {
         return;
@@ -295,6 +302,7 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
     if (!node_loop) {
         return;
     }
+    evaluations++;
     const auto start = std::chrono::steady_clock::now();
     flashrt_dump_graph(cgraph, dump_labels);
     begun = { cgraph, graph_signature(cgraph) };

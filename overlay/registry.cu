@@ -8,6 +8,7 @@
 #include "windows/matvec.cuh"
 #include "windows/moe-tail.cuh"
 #include "windows/moe-topk.cuh"
+#include "windows/prefill-fa4.cuh"
 #include "windows/router.cuh"
 #include "windows/shexp-fold.cuh"
 #include "windows/shexp-gate.cuh"
@@ -53,6 +54,10 @@ static const flashrt_window flashrt_registry[] = {
     // that matvecs read: q's and k's are left.
     { "ATTN_ROPE", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
       flashrt_match_attn_rope, flashrt_run_attn_rope, nullptr },
+    // full: not yet run on a GPU (FRT_PREFILL_FA4_SWAP=1 turns it on); compiled only where the
+    // build links FA4 objects (fa4_aot/), else it misses saying so.
+    { "PREFILL_FA4", flashrt_tier::full, 900, { GGML_OP_FLASH_ATTN_EXT, GGML_OP_COUNT },
+      flashrt_match_prefill_fa4, flashrt_run_prefill_fa4, flashrt_prepare_prefill_fa4 },
 };
 
 const flashrt_window * flashrt_windows(int * n_windows) {

@@ -94,5 +94,10 @@ inline bool flashrt_anchored_at(const flashrt_window & w, ggml_op op) {
 // is disabled or no window has that name). For windows whose predicates leave nodes to another.
 bool flashrt_window_enabled(const char * name);
 
+// The graph evaluation under way: increases at each begin-graph hook that runs the node loop (a
+// capture or an evaluation without one). For per-evaluation caches of what a window reads from the
+// device (PREFILL_FA4's mask check).
+uint64_t flashrt_evaluation();
+
 // Whether the window called `name` is on and runs on a device of compute capability cc.
 bool flashrt_window_runs(const char * name, int cc);

@@ -37,3 +37,11 @@ std::unique_ptr<ggml_cuda_pool> ggml_backend_cuda_context::new_pool_for_device(i
 to_fp32_cuda_t ggml_get_to_fp32_cuda(ggml_type) {
     return nullptr;
 }
+
+uint64_t flashrt_evaluation() {
+    return 0;
+}
+
+void ggml_cuda_flash_attn_ext(ggml_backend_cuda_context &, ggml_tensor *) {
+    std::abort();
+}
