@@ -3,8 +3,10 @@
 #include "fa4-io.cuh"
 #include "fa4.cuh"
 #include "fattn.cuh"
+#include "../diagnostics.cuh"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -145,7 +147,12 @@ void flashrt_run_prefill_fa4(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     const int64_t d = q->ne[0], n_q = q->ne[1], heads = q->ne[2], heads_kv = k->ne[2];
     const int64_t visible = capture == cudaStreamCaptureStatusNone ? causal_prefix(ctx, fa->src[3], n_q) : 0;
     if (visible == 0) {
-        ggml_cuda_flash_attn_ext(ctx, fa);  // a mask FA4 cannot express, or a capture
+        if (flashrt_debug_enabled()) {  // the match counted a hit: say that stock ran after all
+            std::fprintf(stderr, "FlashRT: PREFILL_FA4 at node %d (%s): stock's flash attention: %s\n", i, fa->name,
+                         capture != cudaStreamCaptureStatusNone ? "the graph is being captured"
+                                                                : "the mask is not causal over a prefix of the cache");
+        }
+        ggml_cuda_flash_attn_ext(ctx, fa);
         return;
     }
     // Q to F16, in its own logical order (d, n_q, heads): contiguous, token stride d.
@@ -164,7 +171,11 @@ void flashrt_run_prefill_fa4(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     std::memcpy(&scale, fa->op_params, sizeof(float));
     const cudaError_t err = frt_fa4_forward(shape, tq, tk, tv, to, scale, stream);
     if (err == cudaErrorNotSupported) {
-        ggml_cuda_flash_attn_ext(ctx, fa);  // the module did not load (prepare said why)
+        if (flashrt_debug_enabled()) {
+            std::fprintf(stderr, "FlashRT: PREFILL_FA4 at node %d (%s): stock's flash attention: the module is not loaded\n",
+                         i, fa->name);
+        }
+        ggml_cuda_flash_attn_ext(ctx, fa);
         return;
     }
     CUDA_CHECK(err);
