@@ -610,11 +610,11 @@ static bool guess_enabled() {
 }
 
 // An exact launch of routed experts whose ids a softmax top-k run chose (MOE_TOPK's pattern) and
-// that does not compute them itself (the experts' down projection; the gate/up where MOE_TOPK
-// missed): the router's logits as the launch's guess (frt_gemv_args::guess_logits), so that its
-// blocks stage their experts' rows before the wait. Left out where a node between the run and the
-// launch writes over the logits (the guess would miss and the rows be copied twice). The guess
-// changes no output: the ids decide after the wait.
+// that does not compute them itself (the experts' down projection): the router's logits as the
+// launch's guess (frt_gemv_args::guess_logits), so that its blocks stage their experts' rows before
+// the wait. Left out where a node between the run and the launch writes over the logits (the guess
+// would miss and the rows be copied twice), and where the kernel refuses a guess (the SwiGLU
+// gate/up). The guess changes no output: the ids decide after the wait.
 static void add_guess(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, frt_gemv_args & a) {
     if (!guess_enabled() || a.route_logits != nullptr) {
         return;
