@@ -12,6 +12,7 @@
 #include "windows/router.cuh"
 #include "windows/shexp-fold.cuh"
 #include "windows/shexp-gate.cuh"
+#include "windows/vit-fa4.cuh"
 
 const char * const flashrt_miss_anchor = "anchor op";
 
@@ -58,6 +59,10 @@ static const flashrt_window flashrt_registry[] = {
     // build links FA4 objects (fa4_aot/), else it misses saying so.
     { "PREFILL_FA4", flashrt_tier::full, 900, { GGML_OP_FLASH_ATTN_EXT, GGML_OP_COUNT },
       flashrt_match_prefill_fa4, flashrt_run_prefill_fa4, flashrt_prepare_prefill_fa4 },
+    // full: not yet run on a GPU (FRT_VIT_FA4_SWAP=1 turns it on); as PREFILL_FA4, only where the
+    // build links FA4 objects.
+    { "VIT_FA4", flashrt_tier::full, 900, { GGML_OP_FLASH_ATTN_EXT, GGML_OP_COUNT },
+      flashrt_match_vit_fa4, flashrt_run_vit_fa4, flashrt_prepare_vit_fa4 },
 };
 
 const flashrt_window * flashrt_windows(int * n_windows) {
