@@ -4,6 +4,7 @@
 #include "registry.cuh"
 #include "repack.cuh"
 #include "windows/gdn.cuh"
+#include "windows/prefill-fa4.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -293,14 +294,16 @@ uint64_t flashrt_evaluation() {
     return evaluations.load();
 }
 
-void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop) {
+bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop) {
     if (runtime().disabled) {
-        return;
+        return true;
     }
     flashrt_stats & stats = flashrt_global_stats();
     stats.begins++;
-    if (!node_loop) {
-        return;
+    // Only an opt-in window reads inputs on the host: decode replays pay nothing for this.
+    const bool uncaptured = flashrt_window_enabled("PREFILL_FA4") && flashrt_prefill_fa4_reads_host(cgraph);
+    if (!node_loop && !uncaptured) {
+        return true;
     }
     evaluations++;
     const auto start = std::chrono::steady_clock::now();
@@ -308,6 +311,7 @@ void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
     begun = { cgraph, graph_signature(cgraph) };
     prepare_windows(ctx, cgraph, begun.signature);
     stats.begin_ns += elapsed_ns(start);
+    return !uncaptured;
 }
 
 void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {

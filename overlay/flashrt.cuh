@@ -11,8 +11,10 @@ struct ggml_cgraph;
 // replays or evaluates without capture). Anything that allocates, synchronizes or loads modules
 // belongs here, never in a window's run. node_loop: whether the node loop will run (a capture or
 // an evaluation without capture); a replay of a captured graph runs none and needs nothing, so
-// decode pays no host time here.
-void ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop);
+// decode pays no host time here. Returns false when this evaluation must run without a CUDA graph
+// (ggml-cuda then evaluates it directly): a window that reads an input on the host at each
+// evaluation (PREFILL_FA4's mask) could not vouch for a replay.
+bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop);
 
 // Called in the node loop right before ggml_cuda_try_fuse. Returns how many nodes from i on the
 // overlay consumed, node i included: a window that matched at i and ran, or a node that a window

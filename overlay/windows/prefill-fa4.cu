@@ -33,6 +33,16 @@ flashrt_match flashrt_match_prefill_fa4(const ggml_cgraph * cgraph, int i) {
     return flashrt_hit(1);
 }
 
+bool flashrt_prefill_fa4_reads_host(const ggml_cgraph * cgraph) {
+    for (int i = 0; i < cgraph->n_nodes; ++i) {
+        frt_fa4_shape shape;
+        if (cgraph->nodes[i]->op == GGML_OP_FLASH_ATTN_EXT && prefill_fa4_miss(cgraph->nodes[i], shape) == nullptr) {
+            return true;
+        }
+    }
+    return false;
+}
+
 void flashrt_prepare_prefill_fa4(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
                                  const flashrt_match & m) {
     GGML_UNUSED(ctx);
@@ -106,7 +116,7 @@ void flashrt_run_prefill_fa4(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     const int64_t visible =
         capture == cudaStreamCaptureStatusNone ? causal_prefix(ctx, fa->src[3], fa->src[0]->ne[1]) : 0;
     const char * stock = visible == 0 ? (capture != cudaStreamCaptureStatusNone
-                                             ? "the graph is being captured"
+                                             ? "the graph is being captured (the begin-graph hook should have said no)"
                                              : "the mask is not causal over a prefix of the cache")
                          : !flashrt_fa4_attend(ctx, fa, shape, visible) ? "the module is not loaded"
                                                                          : nullptr;

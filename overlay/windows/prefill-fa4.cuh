@@ -6,7 +6,9 @@
 // the window runs where llama.cpp's mask is exactly causal over a prefix of the cache (each token
 // sees the cells before it and itself, none after; a single sequence), which the run checks on the
 // mask itself once per graph evaluation (a copy to the host: prefill graphs are not captured).
-// Anything else (another mask, a captured graph, no module) runs stock's flash attention.
+// Anything else (another mask, no module) runs stock's flash attention. A graph where the window
+// may run is evaluated without a CUDA graph (flashrt_prefill_fa4_reads_host: the begin-graph hook
+// tells ggml-cuda so), since a replay would reuse the key count found at capture whatever the mask.
 
 #include "../registry.cuh"
 
@@ -14,3 +16,7 @@ flashrt_match flashrt_match_prefill_fa4(const ggml_cgraph * cgraph, int i);
 void flashrt_run_prefill_fa4(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
 void flashrt_prepare_prefill_fa4(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
                                  const flashrt_match & m);
+
+// Whether the window would take a node of the graph (it then reads the mask on the host at every
+// evaluation, so the graph must not be captured).
+bool flashrt_prefill_fa4_reads_host(const ggml_cgraph * cgraph);
