@@ -301,7 +301,8 @@ bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
     flashrt_stats & stats = flashrt_global_stats();
     stats.begins++;
     // Only an opt-in window reads inputs on the host: decode replays pay nothing for this.
-    const bool uncaptured = flashrt_window_enabled("PREFILL_FA4") && flashrt_prefill_fa4_reads_host(cgraph);
+    static const bool prefill_fa4 = flashrt_window_enabled("PREFILL_FA4");
+    const bool        uncaptured  = prefill_fa4 && flashrt_prefill_fa4_reads_host(cgraph);
     if (!node_loop && !uncaptured) {
         return true;
     }

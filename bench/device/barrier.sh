@@ -6,6 +6,6 @@ set -euo pipefail
 out=${OUT:-/tmp/barrier}
 mkdir -p "$out"
 build=$(mktemp -d /tmp/barrier-build.XXXXXX)
-nvcc -std=c++17 -O3 -arch=sm_${GEMV_ARCH:-90a} -I vendor/csrc bench/tools/barrier-bench.cu vendor/csrc/pdl.cu \
+nvcc -std=c++17 -O3 -arch=sm_${GEMV_ARCH:-90a} -I vendor/csrc -I bench/tools bench/tools/barrier-bench.cu vendor/csrc/pdl.cu \
     -o "$build/barrier-bench"
 "$build/barrier-bench" "$@" | tee "$out/barrier-bench.md"

@@ -16,8 +16,9 @@
 // counter per phase), so a barrier that lets a block through early fails the run.
 //
 // Usage: barrier-bench [--phases 64] [--bytes 0,32768] [--replays 50]
-// Build: nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc bench/tools/barrier-bench.cu vendor/csrc/pdl.cu -o barrier-bench
+// Build: nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/barrier-bench.cu vendor/csrc/pdl.cu -o barrier-bench
 
+#include "cuda-check.cuh"
 #include "pdl.cuh"
 
 #include <algorithm>
@@ -27,14 +28,6 @@
 #include <string>
 #include <vector>
 
-#define CHECK(call)                                                                                         \
-    do {                                                                                                    \
-        const cudaError_t err_ = (call);                                                                    \
-        if (err_ != cudaSuccess) {                                                                          \
-            std::fprintf(stderr, "barrier-bench: %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, __LINE__); \
-            std::exit(1);                                                                                   \
-        }                                                                                                   \
-    } while (0)
 
 constexpr int kThreads   = 512;
 constexpr int kMaxStage  = 48 * 1024;  // bytes a buffer

@@ -35,8 +35,13 @@ const char * flashrt_fa4_node_miss(const ggml_tensor * fa, int64_t min_tokens, b
     if (q->nb[0] != sizeof(float) || !ggml_is_contiguous(fa)) {
         return "Q's columns or the output not contiguous";
     }
-    shape = { (int) q->ne[0], (int) (q->ne[2] / k->ne[2]), causal };
+    shape = flashrt_fa4_shape_of(fa, causal);
     return frt_fa4_unavailable(shape);
+}
+
+frt_fa4_shape flashrt_fa4_shape_of(const ggml_tensor * fa, bool causal) {
+    const ggml_tensor * q = fa->src[0], *k = fa->src[1];
+    return { (int) q->ne[0], (int) (q->ne[2] / k->ne[2]), causal };
 }
 
 void flashrt_fa4_load_for(const char * window, const frt_fa4_shape & shape) {

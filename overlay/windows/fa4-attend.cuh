@@ -14,6 +14,10 @@
 // is linked for this device.
 const char * flashrt_fa4_node_miss(const ggml_tensor * fa, int64_t min_tokens, bool causal, frt_fa4_shape & shape);
 
+// The module shape node fa asks for (after flashrt_fa4_node_miss accepted it, as a window's run
+// knows).
+frt_fa4_shape flashrt_fa4_shape_of(const ggml_tensor * fa, bool causal);
+
 // Loads the module of `shape` on this device for window `window` (its begin-graph prepare, outside
 // capture); a failure is reported once a call on the log, and the window's runs then fall back.
 void flashrt_fa4_load_for(const char * window, const frt_fa4_shape & shape);

@@ -108,9 +108,8 @@ static int64_t causal_prefix(ggml_backend_cuda_context & ctx, const ggml_tensor 
 
 void flashrt_run_prefill_fa4(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
     GGML_UNUSED(m);
-    ggml_tensor * fa = cgraph->nodes[i];
-    frt_fa4_shape shape;
-    GGML_ASSERT(prefill_fa4_miss(fa, shape) == nullptr);
+    ggml_tensor *       fa    = cgraph->nodes[i];
+    const frt_fa4_shape shape = flashrt_fa4_shape_of(fa, true);  // the match accepted the node
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(ctx.stream(), &capture));
     const int64_t visible =

@@ -43,10 +43,8 @@ void flashrt_prepare_vit_fa4(ggml_backend_cuda_context & ctx, const ggml_cgraph 
 
 void flashrt_run_vit_fa4(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
     GGML_UNUSED(m);
-    ggml_tensor * fa = cgraph->nodes[i];
-    frt_fa4_shape shape;
-    GGML_ASSERT(vit_fa4_miss(fa, shape) == nullptr);
-    if (!flashrt_fa4_attend(ctx, fa, shape, fa->src[1]->ne[1])) {
+    ggml_tensor * fa = cgraph->nodes[i];  // the match accepted it
+    if (!flashrt_fa4_attend(ctx, fa, flashrt_fa4_shape_of(fa, false), fa->src[1]->ne[1])) {
         if (flashrt_debug_enabled()) {
             std::fprintf(stderr, "FlashRT: VIT_FA4 at node %d (%s): stock's flash attention: the module is not loaded\n",
                          i, fa->name);

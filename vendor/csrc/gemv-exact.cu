@@ -910,13 +910,14 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     // many of its wider rows as fit, at least 4: else its rows are read in place), the shared
     // memory, the blocks.
     struct exact_shape {
-        int rows, smem, blocks;
+        int rows, stage, smem, blocks;  // stage: where the staged rows start in shared memory
         int chunk_rows[FRT_GEMV_MAX_SEGMENTS], units[FRT_GEMV_MAX_SEGMENTS];
     };
     const auto shape_at = [&](int rows) {
         exact_shape sh = {};
         sh.rows        = rows;
         const int stage_at = p.smem_part + copies * rows * kStockThreads * (int) sizeof(float);  // after the sums
+        sh.stage           = stage_at;
         sh.smem            = stage_at;
         for (int i = 0; i < a.n_segments; ++i) {
             const frt_gemv_segment & s = a.seg[i];
@@ -953,15 +954,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
             shape = wider;
         }
     }
-    rows             = shape.rows;
-    p.smem_stage     = p.smem_part + copies * rows * kStockThreads * (int) sizeof(float);  // after the sums
-    p.rows_per_block = rows;
-    int chunk_rows[FRT_GEMV_MAX_SEGMENTS];
-    for (int i = 0; i < a.n_segments; ++i) {
-        chunk_rows[i] = shape.chunk_rows[i];
-        units[i]      = shape.units[i];
-    }
-    const int smem = shape.smem;
+    p.smem_stage     = shape.stage;
+    p.rows_per_block = shape.rows;
+    const int smem   = shape.smem;
     int blocks         = 0;
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
@@ -980,10 +975,10 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.rows            = s.rows;
         q.epilogue        = s.epilogue;
         q.n_experts       = s.n_experts;
-        q.chunk_rows      = chunk_rows[i];
+        q.chunk_rows      = shape.chunk_rows[i];
         q.chunks          = (s.rows + q.chunk_rows - 1) / q.chunk_rows;
         q.block_begin     = blocks;
-        q.stage_unit      = units[i];
+        q.stage_unit      = shape.units[i];
         blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
     }
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
