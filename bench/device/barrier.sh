@@ -6,6 +6,11 @@ set -euo pipefail
 out=${OUT:-/tmp/barrier}
 mkdir -p "$out"
 build=$(mktemp -d /tmp/barrier-build.XXXXXX)
-nvcc -std=c++17 -O3 -arch=sm_${GEMV_ARCH:-90a} -I vendor/csrc -I bench/tools bench/tools/barrier-bench.cu vendor/csrc/pdl.cu \
-    -o "$build/barrier-bench"
+# The first errors name the cause; the rest follow from it.
+if ! nvcc -std=c++17 -O3 -arch=sm_${GEMV_ARCH:-90a} -I vendor/csrc -I bench/tools bench/tools/barrier-bench.cu \
+    vendor/csrc/pdl.cu -o "$build/barrier-bench" > "$out/barrier-build.log" 2>&1; then
+    head -40 "$out/barrier-build.log"
+    echo "barrier-bench: compile FAILED (whole log: $out/barrier-build.log)"
+    exit 1
+fi
 "$build/barrier-bench" "$@" | tee "$out/barrier-bench.md"

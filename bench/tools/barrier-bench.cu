@@ -22,6 +22,7 @@
 #include "pdl.cuh"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

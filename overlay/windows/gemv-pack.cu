@@ -600,11 +600,12 @@ static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pac
 // How far before a routed experts' matvec its top-k run is looked for.
 static constexpr int guess_lookback = 64;
 
-// GGML_FLASHRT_GUESS_EXPERTS=1 (experiment): add_guess.
+// add_guess, on unless GGML_FLASHRT_GUESS_EXPERTS=0 (tg128 1.350x -> 1.379x, the same bits:
+// bench/results/2026-12-01-f122c62-h200-guess-serve).
 static bool guess_enabled() {
     static const bool enabled = [] {
         const char * v = std::getenv("GGML_FLASHRT_GUESS_EXPERTS");
-        return v != nullptr && std::strcmp(v, "1") == 0;
+        return v == nullptr || std::strcmp(v, "0") != 0;
     }();
     return enabled;
 }
