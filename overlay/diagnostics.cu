@@ -70,10 +70,10 @@ struct stats_at_exit {
         std::fprintf(stderr, "FlashRT stats: host time in the node-loop hook %.2f ms a graph evaluation\n",
                      graphs ? stats.loop_ns.load() / 1e6 / graphs : 0.0);
         const uint64_t begins = stats.begins.load();
-        std::fprintf(stderr, "FlashRT stats: %llu graph compute call(s), %llu preparing the windows; host time in the "
-                     "begin-graph hook %.1f us a call (replays take none)\n",
-                     (unsigned long long) begins, (unsigned long long) stats.prepares.load(),
-                     begins ? stats.begin_ns.load() / 1e3 / begins : 0.0);
+        std::fprintf(stderr, "FlashRT stats: %llu graph compute call(s), host time in the begin-graph hook %.1f us a "
+                     "call (replays take none); %llu node-loop pass(es) prepared the windows (a graph's first direct one)\n",
+                     (unsigned long long) begins, begins ? stats.begin_ns.load() / 1e3 / begins : 0.0,
+                     (unsigned long long) stats.prepares.load());
         int n_windows = 0;
         const flashrt_window * windows = flashrt_windows(&n_windows);
         // Host time per window and graph evaluation: where the node-loop hook's time goes.

@@ -19,7 +19,7 @@ constexpr int FLASHRT_MAX_WINDOWS = 64;
 struct flashrt_stats {
     std::atomic<uint64_t> graphs{ 0 };         // node-loop passes (captures or uncaptured evaluations)
     std::atomic<uint64_t> begins{ 0 };         // begin-graph hook calls (every graph compute, replays too)
-    std::atomic<uint64_t> prepares{ 0 };       // of which prepared the windows (a graph not seen last)
+    std::atomic<uint64_t> prepares{ 0 };       // node-loop passes that prepared the windows (a graph's first direct one)
     std::atomic<uint64_t> begin_ns{ 0 };       // host time in the begin-graph hook
     std::atomic<uint64_t> loop_ns{ 0 };        // host time in the node-loop hook (predicates, launches)
     std::atomic<uint64_t> nodes{ 0 };          // compute nodes those passes went through

@@ -193,34 +193,39 @@ struct flashrt_pending_window {
 };
 
 // What identifies a graph for the windows: every node, its op, type, parameters, shape, strides,
-// flags and memory, and its sources and theirs (FNV-1a). The predicates read no more than that, so the
-// same signature finds the same windows.
+// flags and memory, and its sources and theirs. The predicates read no more than that, so the same
+// signature finds the same windows. FNV-1a in four independent lanes: under a server's load the hook
+// hashes every graph it evaluates (~2000 nodes), and one multiply chain is four times as long.
 static uint64_t graph_signature(const ggml_cgraph * cgraph) {
-    uint64_t h = 1469598103934665603ull;
-    const auto mix = [&h](uint64_t v) {
-        h ^= v;
-        h *= 1099511628211ull;
+    constexpr uint64_t prime = 1099511628211ull;
+    uint64_t           lane[4] = { 1469598103934665603ull, 0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full,
+                                   0x165667b19e3779f9ull };
+    const auto mix4 = [&lane](uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+        lane[0] = (lane[0] ^ a) * prime;
+        lane[1] = (lane[1] ^ b) * prime;
+        lane[2] = (lane[2] ^ c) * prime;
+        lane[3] = (lane[3] ^ d) * prime;
     };
-    mix((uint64_t) cgraph->n_nodes);
+    mix4((uint64_t) cgraph->n_nodes, 0, 0, 0);
     for (int i = 0; i < cgraph->n_nodes; ++i) {
         const ggml_tensor * t = cgraph->nodes[i];
-        mix((uint64_t) (uintptr_t) t);
-        mix((uint64_t) t->op);
-        mix((uint64_t) t->type);
-        mix((uint64_t) t->flags);
-        mix((uint64_t) (uintptr_t) t->data);
-        mix((uint64_t) t->view_offs);
-        for (int d = 0; d < GGML_MAX_DIMS; ++d) {
-            mix((uint64_t) t->ne[d]);
-            mix((uint64_t) t->nb[d]);
+        mix4((uint64_t) (uintptr_t) t, (uint64_t) t->op | (uint64_t) t->type << 16 | (uint64_t) t->flags << 32,
+             (uint64_t) (uintptr_t) t->data, (uint64_t) t->view_offs);
+        for (int d = 0; d < GGML_MAX_DIMS; d += 2) {
+            mix4((uint64_t) t->ne[d], (uint64_t) t->nb[d], (uint64_t) t->ne[d + 1], (uint64_t) t->nb[d + 1]);
         }
-        for (int w = 0; w < 4; ++w) {
-            mix((uint64_t) (uint32_t) t->op_params[w]);
+        mix4((uint64_t) (uint32_t) t->op_params[0], (uint64_t) (uint32_t) t->op_params[1],
+             (uint64_t) (uint32_t) t->op_params[2], (uint64_t) (uint32_t) t->op_params[3]);
+        for (int j = 0; j < GGML_MAX_SRC; j += 2) {
+            const ggml_tensor * a = t->src[j];
+            const ggml_tensor * b = t->src[j + 1];
+            mix4((uint64_t) (uintptr_t) a, (uint64_t) (uintptr_t) (a != nullptr ? a->data : nullptr),
+                 (uint64_t) (uintptr_t) b, (uint64_t) (uintptr_t) (b != nullptr ? b->data : nullptr));
         }
-        for (const ggml_tensor * src : t->src) {
-            mix((uint64_t) (uintptr_t) src);
-            mix((uint64_t) (uintptr_t) (src != nullptr ? src->data : nullptr));
-        }
+    }
+    uint64_t h = lane[0];
+    for (int k = 1; k < 4; ++k) {
+        h = (h ^ (lane[k] + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2))) * prime;
     }
     return h;
 }
@@ -256,28 +261,23 @@ static bool already_prepared(const ggml_backend_cuda_context & ctx, uint64_t sig
     return false;
 }
 
-// What matched windows need before the node loop, which may run under capture: the weights they
-// read repacked (when the repack cache is on), GDN's flags.
-static void prepare_windows(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, uint64_t signature) {
-    if (already_prepared(ctx, signature)) {
-        return;
+// Whether a node-loop pass over this graph prepares each window it runs (the weights it reads
+// repacked when the repack cache is on, GDN's flags, FA4's modules) just before running it: a pass
+// that evaluates the graph directly, the first over it. Preparing allocates, converts and loads
+// modules, which a capture may not hold, and ggml-cuda evaluates every graph directly before it
+// captures it (its warm-up), so captures find their graph prepared. A capture that did not (its
+// windows convert per use or read weights in place) leaves it to the next direct pass.
+static bool prepares_windows(ggml_backend_cuda_context & ctx, uint64_t signature) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(ctx.stream(), &capture) != cudaSuccess) {
+        (void) cudaGetLastError();
+        return false;
+    }
+    if (capture != cudaStreamCaptureStatusNone || already_prepared(ctx, signature)) {
+        return false;
     }
     flashrt_global_stats().prepares++;
-    const int cc = ggml_cuda_info().devices[ctx.device].cc;
-    for (const flashrt_window_state & ws : runtime().windows) {
-        if (!ws.enabled || ws.window->prepare == nullptr || cc < ws.window->min_cc) {
-            continue;
-        }
-        for (int i = 0; i < cgraph->n_nodes; ++i) {
-            if (!flashrt_anchored_at(*ws.window, cgraph->nodes[i]->op)) {
-                continue;
-            }
-            const flashrt_match m = ws.window->match(cgraph, i);
-            if (m.hit()) {
-                ws.window->prepare(ctx, cgraph, i, m);
-            }
-        }
-    }
+    return true;
 }
 
 // The signature of the graph the begin-graph hook saw last on this thread: the node loop that
@@ -310,7 +310,6 @@ bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
     const auto start = std::chrono::steady_clock::now();
     flashrt_dump_graph(cgraph, dump_labels);
     begun = { cgraph, graph_signature(cgraph) };
-    prepare_windows(ctx, cgraph, begun.signature);
     stats.begin_ns += elapsed_ns(start);
     return !uncaptured;
 }
@@ -386,6 +385,7 @@ static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int
     thread_local flashrt_pass_windows *          recording = nullptr;
     thread_local const flashrt_pass_windows *    replaying = nullptr;
     thread_local size_t                          cursor    = 0;
+    thread_local bool                            preparing = false;
     const bool new_pass = cgraph != pass_graph || i <= pass_last;
     if (new_pass) {
         stats.graphs++;
@@ -394,8 +394,9 @@ static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int
         recording = nullptr;
         replaying = nullptr;
         cursor    = 0;
+        const uint64_t signature = begun.cgraph == cgraph ? begun.signature : graph_signature(cgraph);
+        preparing                = prepares_windows(ctx, signature);
         if (match_cache_enabled()) {
-            const uint64_t signature = begun.cgraph == cgraph ? begun.signature : graph_signature(cgraph);
             auto seen = std::find_if(passes.begin(), passes.end(),
                                      [signature](const flashrt_pass_windows & p) { return p.signature == signature; });
             if (seen != passes.end()) {
@@ -486,6 +487,9 @@ static int try_window(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int
         return 0;
     }
     stats.hits[ws->index]++;
+    if (preparing && ws->window->prepare != nullptr) {
+        ws->window->prepare(ctx, cgraph, i, m);
+    }
     if (m.deferred()) {
         GGML_ASSERT(m.head >= 2 && m.tail >= 2 && m.run_at >= i + m.head && m.n_claimed == 0);
         pending.cgraph = cgraph;

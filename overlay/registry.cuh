@@ -73,8 +73,10 @@ struct flashrt_window {
     // Runs the matched nodes on ctx.stream() (i is the node the match was made at, also when
     // deferred); capture-safe: no sync, no allocation outside ctx.pool().
     void (*run)(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
-    // Optional (nullptr: nothing to prepare). Called from the begin-graph hook, outside capture, for
-    // every match in the graph about to run: fills the repack cache with the weights run reads.
+    // Optional (nullptr: nothing to prepare). Called just before the window's run in the first
+    // node-loop pass over a graph that is evaluated directly (never under capture): fills the repack
+    // cache with the weights run reads, allocates or loads what run needs. run must still work
+    // unprepared (a capture of a graph never evaluated directly): per-use conversion, or stock.
     void (*prepare)(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m);
     // Optional (nullptr: the window never sets claimed_runs_there). Computes claimed node `node` of
     // the match made at node i, when the node loop reaches it. Capture-safe, like run.

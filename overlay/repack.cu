@@ -184,7 +184,7 @@ flashrt_repacked::flashrt_repacked(ggml_backend_cuda_context & ctx, const ggml_t
             return;
         }
     }
-    // Not cached (cache off, not a weight, or a graph the begin-graph hook did not prepare).
+    // Not cached (cache off, not a weight, or a capture of a graph no direct evaluation prepared).
     flashrt_global_stats().repack_per_use++;
     scratch.alloc(ggml_nelements(w));
     convert(w, layout, scratch.get(), ctx.stream());

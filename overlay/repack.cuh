@@ -1,9 +1,10 @@
 #pragma once
 
 // The repack cache: model weights converted once, on their device, into the layout a window's
-// kernel reads, keyed by (data pointer, type, shape, layout). Entries are made in the begin-graph
-// hook (outside any CUDA graph capture: they allocate and launch conversions) and freed with the
-// backend context that made them, so each device holds its own.
+// kernel reads, keyed by (data pointer, type, shape, layout). Entries are made by the windows'
+// prepare, in the first direct evaluation of a graph (never under a CUDA graph capture: they allocate
+// and launch conversions), and freed with the backend context that made them, so each device holds
+// its own.
 //
 // Only tensors in weight buffers (llama.cpp marks them GGML_BACKEND_BUFFER_USAGE_WEIGHTS) are
 // cached: their contents never change while they live. Anything else, and everything when

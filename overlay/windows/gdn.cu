@@ -371,8 +371,9 @@ void flashrt_prepare_gdn(ggml_backend_cuda_context & ctx, const ggml_cgraph * cg
     }
     ggml_cuda_set_device(ctx.device);
     int * flags = nullptr;
+    // Zeroed on the stream the window's kernels run on: prepared in the node loop, just before them.
     if (cudaMalloc(&flags, gdn_max_key_heads * sizeof(int)) != cudaSuccess ||
-        cudaMemset(flags, 0, gdn_max_key_heads * sizeof(int)) != cudaSuccess) {
+        cudaMemsetAsync(flags, 0, gdn_max_key_heads * sizeof(int), ctx.stream()) != cudaSuccess) {
         (void) cudaGetLastError();  // no flags: the two launches
         if (flags != nullptr) {
             cudaFree(flags);

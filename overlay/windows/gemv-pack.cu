@@ -13,7 +13,7 @@
 #include <vector>
 
 // How far after a value its readers are searched. A qwen35moe Gated DeltaNet layer reads its normed
-// input ~45 nodes after the norm; the bound keeps the begin-graph hook's predicate pass linear.
+// input ~45 nodes after the norm; the bound keeps the predicates linear in the graph.
 static constexpr int flashrt_gemv_lookahead = 160;
 
 static frt_gemv_type gemv_type_of(ggml_type type) {
