@@ -1,9 +1,11 @@
 // The logits of every position of a text, decoded one token per llama_decode call (teacher
 // forcing), written as float32 for `cargo xtask parity` to compare between runs. One token per
-// call because decode is the path the overlay's windows target; flash attention on, as in bench.
-// Built by xtask against the build under test, using only the public llama.h API.
+// call because decode is the path most of the overlay's windows target; PROMPT > 0 first feeds
+// that many tokens in one call (a prefill, every position's logits kept), for the windows that take
+// prompts. Flash attention on, as in bench. Built by xtask against the build under test, using
+// only the public llama.h API.
 //
-// Usage: flashrt-logits MODEL TEXT N OUT [N_GPU_LAYERS]   (N_GPU_LAYERS default 99)
+// Usage: flashrt-logits MODEL TEXT N OUT [N_GPU_LAYERS [PROMPT]]   (defaults 99 and 0)
 //
 // OUT, little-endian: "FRTLOGITS" (9 bytes), int32 version (1), int32 n_vocab, int32 n_tokens,
 // then n_tokens int32 token ids, then n_tokens x n_vocab float32 logits (row p: the logits after
@@ -84,10 +86,11 @@ void write_all(FILE * f, const std::vector<unsigned char> & buf, const std::stri
 }  // namespace
 
 int main(int argc, char ** argv) {
-    if (argc < 5 || argc > 6) {
+    if (argc < 5 || argc > 7) {
         std::fprintf(stderr,
-                     "usage: %s MODEL TEXT N OUT [N_GPU_LAYERS]\n"
-                     "  writes the float32 logits of the first N tokens of TEXT, one llama_decode per token\n",
+                     "usage: %s MODEL TEXT N OUT [N_GPU_LAYERS [PROMPT]]\n"
+                     "  writes the float32 logits of the first N tokens of TEXT, one llama_decode per token\n"
+                     "  after the first PROMPT tokens, which go in one llama_decode (default 0)\n",
                      argc > 0 ? argv[0] : "flashrt-logits");
         return 2;
     }
@@ -96,11 +99,15 @@ int main(int argc, char ** argv) {
     const std::string out_path   = argv[4];
     long              n_tokens   = 0;
     long              n_gpu      = 99;
+    long              n_prompt   = 0;
     if (!parse_int(argv[3], 1, 1 << 20, n_tokens)) {
         fail(std::string("N must be a positive integer, got \"") + argv[3] + "\"");
     }
-    if (argc == 6 && !parse_int(argv[5], -1, 1 << 20, n_gpu)) {
+    if (argc >= 6 && !parse_int(argv[5], -1, 1 << 20, n_gpu)) {
         fail(std::string("N_GPU_LAYERS must be an integer >= -1, got \"") + argv[5] + "\"");
+    }
+    if (argc == 7 && !parse_int(argv[6], 0, n_tokens, n_prompt)) {
+        fail(std::string("PROMPT must be an integer from 0 to N, got \"") + argv[6] + "\"");
     }
 
     std::ifstream text_file(text_path, std::ios::binary);
@@ -146,9 +153,10 @@ int main(int argc, char ** argv) {
 
     llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx                = static_cast<uint32_t>(n_tokens + k_ctx_slack);
-    // One token per call: a small batch keeps the reserved compute buffers small.
-    cparams.n_batch              = 64;
-    cparams.n_ubatch             = 64;
+    // One token per call: a small batch keeps the reserved compute buffers small. The prompt goes in
+    // one micro-batch, as a prefill of that length does in llama-bench (up to its default of 512).
+    cparams.n_batch              = static_cast<uint32_t>(std::max(64L, n_prompt));
+    cparams.n_ubatch             = cparams.n_batch;
     cparams.n_seq_max            = 1;
     cparams.flash_attn_type      = LLAMA_FLASH_ATTN_TYPE_ENABLED;
     cparams.no_perf              = true;
@@ -173,13 +181,8 @@ int main(int argc, char ** argv) {
     }
     write_all(out.get(), buf, out_path);
 
-    for (long pos = 0; pos < n_tokens; ++pos) {
-        llama_batch   batch = llama_batch_get_one(&tokens[static_cast<size_t>(pos)], 1);
-        const int32_t rc    = llama_decode(ctx.get(), batch);
-        if (rc != 0) {
-            fail("llama_decode failed with " + std::to_string(rc) + " at position " + std::to_string(pos));
-        }
-        const float * logits = llama_get_logits_ith(ctx.get(), -1);
+    const auto write_logits = [&](int32_t ith, long pos) {
+        const float * logits = llama_get_logits_ith(ctx.get(), ith);
         if (logits == nullptr) {
             fail("no logits at position " + std::to_string(pos));
         }
@@ -188,6 +191,34 @@ int main(int argc, char ** argv) {
             put_f32(buf, logits[i]);
         }
         write_all(out.get(), buf, out_path);
+    };
+    if (n_prompt > 0) {
+        llama_batch batch = llama_batch_init(static_cast<int32_t>(n_prompt), 0, 1);
+        for (long p = 0; p < n_prompt; ++p) {
+            batch.token[p]     = tokens[static_cast<size_t>(p)];
+            batch.pos[p]       = static_cast<llama_pos>(p);
+            batch.n_seq_id[p]  = 1;
+            batch.seq_id[p][0] = 0;
+            batch.logits[p]    = 1;
+        }
+        batch.n_tokens   = static_cast<int32_t>(n_prompt);
+        const int32_t rc = llama_decode(ctx.get(), batch);
+        llama_batch_free(batch);
+        if (rc != 0) {
+            fail("llama_decode failed with " + std::to_string(rc) + " on the prompt of " + std::to_string(n_prompt) +
+                 " tokens");
+        }
+        for (long p = 0; p < n_prompt; ++p) {
+            write_logits(static_cast<int32_t>(p), p);
+        }
+    }
+    for (long pos = n_prompt; pos < n_tokens; ++pos) {
+        llama_batch   batch = llama_batch_get_one(&tokens[static_cast<size_t>(pos)], 1);
+        const int32_t rc    = llama_decode(ctx.get(), batch);
+        if (rc != 0) {
+            fail("llama_decode failed with " + std::to_string(rc) + " at position " + std::to_string(pos));
+        }
+        write_logits(-1, pos);
     }
 
     FILE * raw = out.release();

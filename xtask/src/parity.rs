@@ -20,7 +20,8 @@ use crate::project::{note, step, write_atomic, Project};
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Three processes of <build>/bin/flashrt-logits (bench/tools/logits.cpp, compiled against the \
-build) feed the same tokens one llama_decode per token, flash attention on, and write every \
+build) feed the same tokens one llama_decode per token (after the first --prompt tokens in one \
+llama_decode, a prefill), flash attention on, and write every \
 position's float32 logits: stock (GGML_CUDA_FLASHRT_DISABLE=1), overlay (default), and the \
 reference, stock with upstream fusion off (GGML_CUDA_DISABLE_FUSION=1). Per position, overlay vs \
 stock and reference vs stock: max |a-b|, NMSE = sum (a-b)^2 / sum b^2 (b: stock), same top-1 \
@@ -43,6 +44,11 @@ pub struct ParityArgs {
     /// (about 2,400 tokens with the Qwen tokenizer). At least 256.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(256..))]
     pub tokens: u32,
+    /// Feed the first N tokens in one llama_decode (a prefill of N, every position's logits
+    /// compared), the rest one decode step each: the path of the windows that take prompts
+    /// (PREFILL_FA4 from 32 tokens). Default 0: every token its own step.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub prompt: u32,
     /// Per-position table (TSV). Default: bench/results/<date>-<commit>-<gpu>-parity.tsv.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -498,7 +504,19 @@ pub fn logits_tool(sh: &Shell, project: &Project, build_dir: &Path) -> Result<Pa
     Ok(exe)
 }
 
+/// How the tokens are fed, for the report; a prompt longer than the tokens is refused.
+fn feeding(prompt: u32, tokens: u32) -> Result<String> {
+    if prompt > tokens {
+        bail!("--prompt {prompt} is longer than --tokens {tokens}: the prompt is the first tokens fed");
+    }
+    Ok(match prompt {
+        0 => "one decode step each".to_owned(),
+        n => format!("the first {n} in one batch, then one decode step each"),
+    })
+}
+
 pub fn run(sh: &Shell, project: &Project, args: ParityArgs) -> Result<()> {
+    let feeding = feeding(args.prompt, args.tokens)?;
     let prepared = args.target.prepare(sh, project, "parity", "llama")?;
     let tool = logits_tool(sh, project, &prepared.build_dir)?;
     // A fixed text: the pinned tree's README (a few thousand tokens).
@@ -514,6 +532,7 @@ pub fn run(sh: &Shell, project: &Project, args: ParityArgs) -> Result<()> {
             args.tokens.to_string().into(),
             file.clone().into(),
             "99".into(),
+            args.prompt.to_string().into(),
         ];
         run_tool(&tool, &tool_args, setting.env)
             .with_context(|| format!("the {} run", setting.name))?;
@@ -538,7 +557,7 @@ pub fn run(sh: &Shell, project: &Project, args: ParityArgs) -> Result<()> {
     write_atomic(&out, tsv(&comparison.rows).as_bytes())?;
     note(format!("per position: {}", out.display()));
     println!(
-        "\n{} · {} · {} tokens, one decode step each\n",
+        "\n{} · {} · {} tokens, {feeding}\n",
         prepared.gpu,
         prepared.model.display(),
         args.tokens
@@ -553,6 +572,20 @@ pub fn run(sh: &Shell, project: &Project, args: ParityArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prompt_is_at_most_the_tokens_fed() {
+        assert_eq!(feeding(0, 256).unwrap(), "one decode step each");
+        assert_eq!(
+            feeding(256, 256).unwrap(),
+            "the first 256 in one batch, then one decode step each"
+        );
+        let err = feeding(512, 256).unwrap_err().to_string();
+        assert!(
+            err.contains("--prompt 512") && err.contains("--tokens 256"),
+            "{err}"
+        );
+    }
 
     /// Writes a flashrt-logits file as the C++ tool does.
     fn write_logits(path: &Path, tokens: &[i32], rows: &[Vec<f32>]) {
