@@ -89,6 +89,14 @@ bool flashrt_window_enabled(const char * name) {
     return ws != nullptr && ws->enabled;
 }
 
+bool flashrt_multi_token_enabled() {
+    static const bool enabled = [] {
+        const char * v = std::getenv("GGML_FLASHRT_MULTI_TOKEN");
+        return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
+    return enabled;
+}
+
 bool flashrt_window_runs(const char * name, int cc) {
     const flashrt_window_state * ws = window_named(name);
     return ws != nullptr && ws->enabled && cc >= ws->window->min_cc;

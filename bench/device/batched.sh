@@ -4,10 +4,11 @@
 # against the overlay's default and against variants of it, the variants interleaved in each round
 # so that drift hits all alike. The table gives S_TG (decoded tokens a second over all sequences),
 # the median over the rounds, and each variant's ratio to stock at the same parallel count.
-#   VARIANTS   space-separated NAME=ENV[,ENV...] (default below: each window that takes several
-#              tokens turned off in turn, and both modes with CUDA graphs off, the way a server
-#              whose batch composition keeps changing evaluates most steps)
-#   NPL        parallel sequences (default 1,2,4,8); TG tokens a sequence (default 32); ROUNDS (3)
+#   VARIANTS   space-separated NAME=ENV[,ENV...] (default below: the windows that take several
+#              tokens kept to one (GGML_FLASHRT_MULTI_TOKEN=0), ATTN_ROPE off, and both modes with
+#              CUDA graphs off, the way a server whose batch composition keeps changing evaluates
+#              most steps)
+#   NPL        parallel sequences (default 1,2,4,8); TG tokens a sequence (default 32); ROUNDS (2)
 # Usage (device, repository root): bench/device/batched.sh. Needs .xtask/device/ carried.
 set -euo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -22,11 +23,11 @@ mkdir -p /tmp/models
 [ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1
 say "build + model: $(( $(date +%s) - start )) s"
 
-variants=${VARIANTS:-"stock=GGML_CUDA_FLASHRT_DISABLE=1 overlay= no-gdn=GGML_FLASHRT_NO_GDN=1,GGML_FLASHRT_NO_GDN_GATED_NORM=1 no-rope=GGML_FLASHRT_NO_ATTN_ROPE=1 stock-nographs=GGML_CUDA_FLASHRT_DISABLE=1,GGML_CUDA_DISABLE_GRAPHS=1 overlay-nographs=GGML_CUDA_DISABLE_GRAPHS=1"}
+variants=${VARIANTS:-"stock=GGML_CUDA_FLASHRT_DISABLE=1 overlay= one-token=GGML_FLASHRT_MULTI_TOKEN=0 no-rope=GGML_FLASHRT_NO_ATTN_ROPE=1 stock-nographs=GGML_CUDA_FLASHRT_DISABLE=1,GGML_CUDA_DISABLE_GRAPHS=1 overlay-nographs=GGML_CUDA_DISABLE_GRAPHS=1"}
 npl=${NPL:-1,2,4,8}
 tg=${TG:-32}
 : > "$out/batched.jsonl"
-for round in $(seq 1 "${ROUNDS:-3}"); do
+for round in $(seq 1 "${ROUNDS:-2}"); do
     for v in $variants; do
         name=${v%%=*}
         IFS=, read -r -a envs <<< "${v#*=}"

@@ -42,6 +42,11 @@ uint64_t flashrt_evaluation() {
     return 0;
 }
 
+// The windows take every batch they can (the default).
+bool flashrt_multi_token_enabled() {
+    return true;
+}
+
 void ggml_cuda_flash_attn_ext(ggml_backend_cuda_context &, ggml_tensor *) {
     std::abort();
 }

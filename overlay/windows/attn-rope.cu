@@ -115,6 +115,9 @@ static const char * attn_rope_collect(const ggml_cgraph * cgraph, int i, attn_ro
     if (r.q.x->ne[2] > FRT_ATTN_ROPE_MAX_TOKENS) {
         return "batch: more than 8 tokens";
     }
+    if (r.q.x->ne[2] > 1 && !flashrt_multi_token_enabled()) {
+        return "batch: several tokens (GGML_FLASHRT_MULTI_TOKEN=0)";
+    }
     if (const char * miss = check_side(r.q)) {
         return miss;
     }

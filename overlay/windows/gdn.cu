@@ -168,6 +168,9 @@ static const char * gdn_collect(const ggml_cgraph * cgraph, int i, gdn_block & b
     if (b.n_seqs > FRT_GDN_MAX_SEQS) {
         return "shape: more than 8 sequences";
     }
+    if (b.n_seqs > 1 && !flashrt_multi_token_enabled()) {
+        return "batch: several sequences (GGML_FLASHRT_MULTI_TOKEN=0)";
+    }
     if (g->src[3]->ne[0] != 1) {
         return "shape: a gate per column (KDA), not per head";
     }
