@@ -98,7 +98,7 @@ bool flashrt_window_enabled(const char * name);
 
 // Whether the decode windows that take several sequences or tokens a step (GDN, ATTN_ROPE) take
 // them: on unless GGML_FLASHRT_MULTI_TOKEN=0, which leaves a server's batched steps to stock (to
-// measure them against it: bench/device/batched.sh).
+// measure them against it: bench/device/diagnose.sh multiseq).
 bool flashrt_multi_token_enabled();
 
 // The graph evaluation under way: increases at each begin-graph hook that runs the node loop (a

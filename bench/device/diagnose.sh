@@ -35,10 +35,11 @@
 #   diagnose.sh serve-stats  a short serve-check (REQUESTS 64, ROUNDS 2) of the reference and the
 #                         overlay with FRT_STATS=1: the overlay server's host time per window
 #   diagnose.sh multiseq  decode with several sequences, as llama-server runs it under load:
-#                         llama-batched-bench (prompts of 128, 64 tokens generated, 1/2/4/8
-#                         sequences) for stock, the default, the default without the GEMV windows,
-#                         every window off and without GDN; the default's FRT_STATS (hits, host
-#                         time a capture); tg64 of the default and without GDN
+#                         llama-batched-bench (prompts of 128, BB_TG tokens generated, default 32,
+#                         1/2/4/8 sequences), ROUNDS rounds (default 2) of: stock, the default,
+#                         GGML_FLASHRT_MULTI_TOKEN=0, ATTN_ROPE off, every window off, and stock
+#                         and the default without CUDA graphs; medians and ratios to stock
+#                         (bench/tools/bb-table.py), the default's FRT_STATS
 # Usage (device, repository root): bench/device/diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|serve-stats|multiseq. Needs .xtask/device/
 # carried. Steps that would start after DEADLINE seconds (default 330) are skipped and say so.
 set -euo pipefail
@@ -102,16 +103,16 @@ parity() {
     say "| $name | $row | $ref | $v |"
 }
 # llama-batched-bench's decode tok/s at 1, 2, 4 and 8 sequences: name, then the environment.
+# llama-batched-bench, one run: name, then the environment; its rows go to bb.jsonl, tagged.
 bb() {
     local name=$1; shift
     late "batched-bench $name" && return 0
-    env "$@" "$bin/llama-batched-bench" -m "$model" -c 4096 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,2,4,8 \
-        -ngl 99 -fa on --output-format jsonl > "$out/bb-$name.txt" 2>&1 || true
-    local row
-    row=$(python3 -c 'import json,sys
-r=[json.loads(l) for l in open(sys.argv[1]) if l.startswith("{\"n_kv_max\"")]
-print(" | ".join("%.1f" % x["speed_tg"] for x in r) if len(r) == 4 else "failed | | |")' "$out/bb-$name.txt")
-    say "| $name | $row |"
+    if env "$@" "$bin/llama-batched-bench" -m "$model" -c 4096 -b 2048 -ub 512 -npp 128 -ntg "${BB_TG:-32}" \
+        -npl 1,2,4,8 -ngl 99 -fa on --output-format jsonl > "$out/bb-$name.txt" 2>&1; then
+        grep '^{"n_kv_max"' "$out/bb-$name.txt" | sed "s/^{/{\"setting\": \"$name\", \"round\": $round, /" >> "$out/bb.jsonl"
+    else
+        say "batched-bench $name, round $round: FAILED"; tail -5 "$out/bb-$name.txt"
+    fi
 }
 parity_header() {
     say "| parity | NMSE at position 0 | mean NMSE overlay vs stock | top-1 overlay | fusion off vs stock | verdict |"
@@ -273,18 +274,22 @@ serve-stats)
     fi
     ;;
 multiseq)
-    say "| setting | 1 seq | 2 seqs | 4 seqs | 8 seqs (decode tok/s, all sequences) |"
-    say "|---|---:|---:|---:|---:|"
-    bb stock GGML_CUDA_FLASHRT_DISABLE=1
-    bb default FRT_STATS=1
-    bb no-gemv-windows $(offs "${gemv_windows[@]}")
-    bb windows-off $(offs "${all_windows[@]}")
-    bb no-gdn GGML_FLASHRT_NO_GDN=1
-    grep -hE "FlashRT stats" "$out/bb-default.txt" | tail -12 | tee -a "$out/summary.txt" || true
-    say "| setting | tg64 tok/s |"
-    say "|---|---:|"
-    tg default GGML_CUDA_FLASHRT_DISABLE=0
-    tg no-gdn GGML_FLASHRT_NO_GDN=1
+    # Rounds interleave the settings, so that drift between runs hits them alike; the table has
+    # each setting's median over the rounds and its ratio to stock (the *-nographs ones to stock
+    # without CUDA graphs: a server whose batch keeps changing evaluates most steps directly).
+    : > "$out/bb.jsonl"
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+        bb stock GGML_CUDA_FLASHRT_DISABLE=1
+        bb default FRT_STATS=1
+        bb one-token GGML_FLASHRT_MULTI_TOKEN=0
+        bb no-rope GGML_FLASHRT_NO_ATTN_ROPE=1
+        bb windows-off $(offs "${all_windows[@]}" ATTN_ROPE MOE_TOPK MOE_TAIL)
+        bb stock-nographs GGML_CUDA_FLASHRT_DISABLE=1 GGML_CUDA_DISABLE_GRAPHS=1
+        bb default-nographs GGML_CUDA_DISABLE_GRAPHS=1
+        say "batched-bench round $round: $(( $(date +%s) - start )) s"
+    done
+    python3 bench/tools/bb-table.py "$out/bb.jsonl" | tee -a "$out/summary.txt"
+    grep -hE "FlashRT stats" "$out/bb-default.txt" | tail -20 | tee -a "$out/summary.txt" || true
     ;;
 *)
     echo "usage: diagnose.sh windows|verify|attribute|yardstick|exact|default|serve|serve-stats|multiseq"; exit 2 ;;
