@@ -3,6 +3,7 @@
 #include "diagnostics.cuh"
 #include "registry.cuh"
 #include "repack.cuh"
+#include "windows/attn-decode.cuh"
 #include "windows/gdn.cuh"
 #include "windows/prefill-fa4.cuh"
 
@@ -325,6 +326,7 @@ bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
 void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {
     flashrt_repack_free(ctx);
     flashrt_free_gdn(ctx);
+    flashrt_free_attn_decode(ctx);
     flashrt_prepared_graphs & p = prepared_graphs();
     std::lock_guard<std::mutex> lock(p.mutex);
     p.signatures.erase(&ctx);

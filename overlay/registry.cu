@@ -1,4 +1,5 @@
 #include "registry.cuh"
+#include "windows/attn-decode.cuh"
 #include "windows/attn-rope.cuh"
 #include "windows/attnqkv.cuh"
 #include "windows/gdn-gated-norm.cuh"
@@ -55,6 +56,9 @@ static const flashrt_window flashrt_registry[] = {
     // that matvecs read: q's and k's are left.
     { "ATTN_ROPE", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
       flashrt_match_attn_rope, flashrt_run_attn_rope, nullptr },
+    // full: not yet run on a GPU (FRT_ATTN_DECODE_SWAP=1 turns it on). Not stock's bits.
+    { "ATTN_DECODE", flashrt_tier::full, 900, { GGML_OP_FLASH_ATTN_EXT, GGML_OP_COUNT },
+      flashrt_match_attn_decode, flashrt_run_attn_decode, flashrt_prepare_attn_decode },
     // full: not yet run on a GPU (FRT_PREFILL_FA4_SWAP=1 turns it on); compiled only where the
     // build links FA4 objects (fa4_aot/), else it misses saying so.
     { "PREFILL_FA4", flashrt_tier::full, 900, { GGML_OP_FLASH_ATTN_EXT, GGML_OP_COUNT },

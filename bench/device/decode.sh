@@ -52,7 +52,7 @@ check)
     wait $build || { tail -40 "$out/build.log"; exit 1; }
     say "flashrt build: $(( $(date +%s) - start )) s"
     # The FlashRT cases, REPEAT times: a case that fails by the draw of its inputs shows up here.
-    for w in "${gemv_windows[@]}" SHEXP_GATE MOE_TAIL ATTN_ROPE MOE_TOPK PREFILL_FA4 VIT_FA4; do export "FRT_${w}_SWAP=1"; done
+    for w in "${gemv_windows[@]}" SHEXP_GATE MOE_TAIL ATTN_ROPE MOE_TOPK ATTN_DECODE PREFILL_FA4 VIT_FA4; do export "FRT_${w}_SWAP=1"; done
     export GGML_CUDA_FLASHRT_NO_CACHE=1
     passes=0
     for round in $(seq 1 "${REPEAT:-10}"); do

@@ -1,0 +1,60 @@
+#pragma once
+
+// Attention of a decode step over a short F16 cache, in one kernel: for each query token t and
+// query head h (key/value head h / (heads / heads_kv)),
+//   out[t][h] = softmax_c(scale * q[t][h] . k[c] + mask[t][c]) . v[c]      over cells c < n_kv
+// Blocks split the cells 32 a block; each block keeps its partial softmax (max, sum, weighted V)
+// per query, and the last block of a key/value head to finish (a counter in global memory,
+// left at zero) combines them. Scores, softmax and sums in float from F16 K and V; not stock's
+// order of summation (stock's flash attention is not bit-stable across its own kernels either).
+//
+// Plain pointers and strides (elements), no ggml types. out must not overlap any input.
+
+#include <cstdint>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+constexpr int FRT_ATTN_DECODE_MAX_TOKENS = 8;
+constexpr int FRT_ATTN_DECODE_CELLS      = 32;    // cells a block
+constexpr int FRT_ATTN_DECODE_MAX_KV     = 1024;  // longer caches: more blocks than this kernel's combine suits
+constexpr int FRT_ATTN_DECODE_MAX_PAIRS  = 64;    // query tokens x query heads of one key/value head
+
+struct frt_attn_decode_args {
+    int d;          // 64, 128 or 256
+    int heads;      // query heads, a multiple of heads_kv
+    int heads_kv;
+    int n_q;        // query tokens, 1..FRT_ATTN_DECODE_MAX_TOKENS; n_q x heads / heads_kv <= MAX_PAIRS
+    int n_kv;       // cells, 1..FRT_ATTN_DECODE_MAX_KV
+
+    const float * q;  // head h of token t: q + t*q_token + h*q_head, d contiguous floats
+    int64_t       q_token, q_head;
+    const __half * k;  // cell c of key/value head g: k + c*k_cell + g*k_head, d contiguous halves
+    int64_t        k_cell, k_head;
+    const __half * v;
+    int64_t        v_cell, v_head;
+    const __half * mask;  // query t's row: mask + t*mask_row, n_kv values added to the scores; or nullptr
+    int64_t        mask_row;
+    float *        out;  // head h of token t: out + t*out_token + h*out_head, d floats
+    int64_t        out_token, out_head;
+    float          scale;
+
+    float *    partial;   // frt_attn_decode_partial_floats(...) floats of scratch
+    unsigned * counters;  // heads_kv counters, zero before the first launch (each launch leaves them zero)
+};
+
+// Blocks of one key/value head.
+inline int frt_attn_decode_blocks(int n_kv) {
+    return (n_kv + FRT_ATTN_DECODE_CELLS - 1) / FRT_ATTN_DECODE_CELLS;
+}
+
+// Scratch floats the partial results take: blocks x heads x n_q x (d + 2).
+inline int64_t frt_attn_decode_partial_floats(const frt_attn_decode_args & a) {
+    return (int64_t) frt_attn_decode_blocks(a.n_kv) * a.heads * a.n_q * (a.d + 2);
+}
+
+// Whether the kernel takes this shape (nullptr) or why not.
+const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv);
+
+// Launches the kernel on `stream` (PDL when enabled); capture-safe. Returns the launch error
+// (cudaErrorInvalidValue for shapes it does not take).
+cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream);

@@ -1,0 +1,227 @@
+// Unit test of frt_attn_decode against a float64 CPU attention, on fresh random inputs laid out as
+// llama.cpp lays them out at decode (Q permuted from [d, heads, tokens], K and V rows of a cache of
+// d x heads_kv halves a cell, the output [d, heads, tokens]). The output is poisoned first; cells
+// the mask hides hold NaN in K and V (unused cache rows may hold anything) and must not leak into
+// the result. Every case runs twice: the second launch must give the same bits (the combine's
+// counters are left at zero). Bad shapes must be refused. Needs a GPU:
+//   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
+//        vendor/csrc/tests/test-decode-attention.cu -o test-decode-attention && ./test-decode-attention
+
+#include "decode-attention.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        const cudaError_t err_ = (call);                                                           \
+        if (err_ != cudaSuccess) {                                                                 \
+            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, __LINE__); \
+            std::exit(2);                                                                          \
+        }                                                                                          \
+    } while (0)
+
+enum class mask_kind {
+    none,
+    prefix,   // row t sees cells [0, visible - n_q + 1 + t): a causal step over a cache prefix
+    random,   // each cell hidden with probability 0.3 (cell 0 always seen)
+    holes,    // cells [32, 64) hidden from every row: a whole block masked
+};
+
+struct decode_case {
+    const char * name;
+    int          d, heads, heads_kv, n_q, n_kv;
+    mask_kind    mask;
+    int          visible;  // mask_kind::prefix
+};
+
+// A value hidden from every row, as an unused cache row may hold.
+static bool hidden_from_all(const std::vector<float> & mask, int n_q, int n_kv, int c) {
+    for (int t = 0; t < n_q; ++t) {
+        if (mask[(size_t) t * n_kv + c] != -INFINITY) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static int run_case(const decode_case & dc, std::mt19937 & rng) {
+    const int d = dc.d, H = dc.heads, G = dc.heads_kv, T = dc.n_q, N = dc.n_kv, gqa = H / G;
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f), unit(0.0f, 1.0f);
+
+    std::vector<float> q((size_t) d * H * T);
+    for (float & x : q) {
+        x = uni(rng);
+    }
+    std::vector<float> mask((size_t) T * N, 0.0f);
+    for (int t = 0; t < T; ++t) {
+        for (int c = 0; c < N; ++c) {
+            float & m = mask[(size_t) t * N + c];
+            switch (dc.mask) {
+                case mask_kind::none: break;
+                case mask_kind::prefix: m = c < dc.visible - T + 1 + t ? 0.0f : -INFINITY; break;
+                case mask_kind::random: m = c == 0 || unit(rng) >= 0.3f ? 0.0f : -INFINITY; break;
+                case mask_kind::holes: m = c >= 32 && c < 64 ? -INFINITY : 0.0f; break;
+            }
+        }
+    }
+    // K and V as the cache holds them (halves); NaN where no row looks.
+    std::vector<__half> k((size_t) N * G * d), v((size_t) N * G * d);
+    for (int c = 0; c < N; ++c) {
+        const bool hidden = dc.mask != mask_kind::none && hidden_from_all(mask, T, N, c);
+        for (int i = 0; i < G * d; ++i) {
+            k[(size_t) c * G * d + i] = __float2half(hidden ? NAN : uni(rng));
+            v[(size_t) c * G * d + i] = __float2half(hidden ? NAN : uni(rng));
+        }
+    }
+    const float scale = 1.0f / std::sqrt((float) d);
+
+    // float64 reference: out[t][h] (layout [d, heads, tokens]).
+    std::vector<double> ref((size_t) d * H * T);
+    for (int t = 0; t < T; ++t) {
+        for (int h = 0; h < H; ++h) {
+            const int           g = h / gqa;
+            std::vector<double> s(N);
+            double              m = -INFINITY;
+            for (int c = 0; c < N; ++c) {
+                const double mk = dc.mask == mask_kind::none ? 0.0 : (double) mask[(size_t) t * N + c];
+                if (mk == -INFINITY) {
+                    s[c] = -INFINITY;
+                    continue;
+                }
+                double dot = 0.0;
+                for (int i = 0; i < d; ++i) {
+                    dot += (double) q[(size_t) t * d * H + (size_t) h * d + i] *
+                           (double) __half2float(k[(size_t) c * G * d + (size_t) g * d + i]);
+                }
+                s[c] = dot * scale + mk;
+                m    = std::max(m, s[c]);
+            }
+            double sum = 0.0;
+            std::vector<double> o(d, 0.0);
+            for (int c = 0; c < N; ++c) {
+                if (s[c] == -INFINITY) {
+                    continue;
+                }
+                const double w = std::exp(s[c] - m);
+                sum += w;
+                for (int i = 0; i < d; ++i) {
+                    o[i] += w * (double) __half2float(v[(size_t) c * G * d + (size_t) g * d + i]);
+                }
+            }
+            for (int i = 0; i < d; ++i) {
+                ref[(size_t) t * d * H + (size_t) h * d + i] = o[i] / sum;
+            }
+        }
+    }
+
+    float *    d_q = nullptr, *d_out = nullptr, *d_part = nullptr;
+    __half *   d_k = nullptr, *d_v = nullptr, *d_mask = nullptr;
+    unsigned * d_counters = nullptr;
+    std::vector<__half> mask16(mask.size());
+    for (size_t i = 0; i < mask.size(); ++i) {
+        mask16[i] = __float2half(mask[i]);
+    }
+    frt_attn_decode_args a = {};
+    a.d = d, a.heads = H, a.heads_kv = G, a.n_q = T, a.n_kv = N;
+    const size_t part_floats = (size_t) std::max<int64_t>(1, frt_attn_decode_partial_floats(a));
+    CHECK(cudaMalloc(&d_q, q.size() * sizeof(float)));
+    CHECK(cudaMalloc(&d_out, ref.size() * sizeof(float)));
+    CHECK(cudaMalloc(&d_part, part_floats * sizeof(float)));
+    CHECK(cudaMalloc(&d_k, k.size() * sizeof(__half)));
+    CHECK(cudaMalloc(&d_v, v.size() * sizeof(__half)));
+    CHECK(cudaMalloc(&d_mask, mask16.size() * sizeof(__half)));
+    CHECK(cudaMalloc(&d_counters, G * sizeof(unsigned)));
+    CHECK(cudaMemcpy(d_q, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(d_k, k.data(), k.size() * sizeof(__half), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(d_v, v.data(), v.size() * sizeof(__half), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(d_mask, mask16.data(), mask16.size() * sizeof(__half), cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(d_counters, 0, G * sizeof(unsigned)));
+    CHECK(cudaMemset(d_part, 0xff, part_floats * sizeof(float)));  // NaN: a partial read before written shows
+
+    a.q = d_q, a.q_token = (int64_t) d * H, a.q_head = d;
+    a.k = d_k, a.k_cell = (int64_t) G * d, a.k_head = d;
+    a.v = d_v, a.v_cell = (int64_t) G * d, a.v_head = d;
+    a.mask = dc.mask == mask_kind::none ? nullptr : d_mask, a.mask_row = N;
+    a.out = d_out, a.out_token = (int64_t) d * H, a.out_head = d;
+    a.scale = scale, a.partial = d_part, a.counters = d_counters;
+
+    std::vector<float> got[2];
+    for (int run = 0; run < 2; ++run) {
+        CHECK(cudaMemset(d_out, 0xff, ref.size() * sizeof(float)));  // NaN poison
+        CHECK(frt_attn_decode(a, 0));
+        CHECK(cudaDeviceSynchronize());
+        got[run].resize(ref.size());
+        CHECK(cudaMemcpy(got[run].data(), d_out, ref.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    std::vector<unsigned> counters(G);
+    CHECK(cudaMemcpy(counters.data(), d_counters, G * sizeof(unsigned), cudaMemcpyDeviceToHost));
+
+    double max_err = 0.0;
+    int    not_finite = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        if (!std::isfinite(got[0][i])) {
+            ++not_finite;
+            continue;
+        }
+        max_err = std::max(max_err, std::fabs((double) got[0][i] - ref[i]));
+    }
+    const bool same   = std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)) == 0;
+    const bool zeroed = std::all_of(counters.begin(), counters.end(), [](unsigned c) { return c == 0; });
+    // Outputs are averages of values in [-1, 1]; float sums over <= 1024 cells stay within 1e-5.
+    const bool ok     = not_finite == 0 && max_err <= 1e-4 && same && zeroed;
+    std::printf("%s %-52s d %3d heads %2d/%d tokens %d cells %4d blocks %2d: max err %.2e, %d not finite%s%s\n",
+                ok ? "ok  " : "FAIL", dc.name, d, H, G, T, N, frt_attn_decode_blocks(N), max_err, not_finite,
+                same ? "" : ", second launch differs", zeroed ? "" : ", counters not left at zero");
+    cudaFree(d_q), cudaFree(d_out), cudaFree(d_part), cudaFree(d_k), cudaFree(d_v), cudaFree(d_mask),
+        cudaFree(d_counters);
+    return ok ? 0 : 1;
+}
+
+static int run_refusals() {
+    struct refusal {
+        int d, heads, heads_kv, n_q, n_kv;
+    };
+    const refusal shapes[] = {
+        { 96, 16, 2, 1, 256 },   // head size
+        { 256, 16, 3, 1, 256 },  // heads not a multiple of heads_kv
+        { 256, 16, 2, 9, 256 },  // tokens
+        { 256, 16, 1, 8, 256 },  // 128 query rows of one key/value head
+        { 256, 16, 2, 1, 2000 }, // cells
+    };
+    int failed = 0;
+    for (const refusal & r : shapes) {
+        frt_attn_decode_args a = {};
+        a.d = r.d, a.heads = r.heads, a.heads_kv = r.heads_kv, a.n_q = r.n_q, a.n_kv = r.n_kv;
+        const bool refused = frt_attn_decode(a, 0) == cudaErrorInvalidValue &&
+                             frt_attn_decode_unsupported(r.d, r.heads, r.heads_kv, r.n_q, r.n_kv) != nullptr;
+        failed += !refused;
+    }
+    std::printf("%s refusals of bad shapes\n", failed ? "FAIL" : "ok  ");
+    return failed ? 1 : 0;
+}
+
+int main() {
+    std::mt19937 rng(std::random_device{}());
+    const decode_case cases[] = {
+        { "qwen36 decode, causal over 129 of 256 cells", 256, 16, 2, 1, 256, mask_kind::prefix, 129 },
+        { "qwen36, 8 sequences' tokens, random masks", 256, 16, 2, 8, 512, mask_kind::random, 0 },
+        { "qwen3 shape, 2 tokens, 1000 cells, no mask", 128, 32, 4, 2, 1000, mask_kind::none, 0 },
+        { "one block (20 cells), one query head a KV head", 64, 8, 8, 1, 20, mask_kind::prefix, 20 },
+        { "a whole block of cells masked", 256, 16, 2, 3, 96, mask_kind::holes, 0 },
+        { "1024 cells (32 blocks to combine)", 256, 16, 2, 1, 1024, mask_kind::prefix, 1000 },
+    };
+    int failed = 0;
+    for (const decode_case & dc : cases) {
+        failed += run_case(dc, rng);
+    }
+    failed += run_refusals();
+    const int n_cases = (int) (sizeof(cases) / sizeof(cases[0])) + 1;
+    std::printf("%d passed, %d failed\n", n_cases - failed, failed);
+    return failed == 0 ? 0 : 1;
+}
