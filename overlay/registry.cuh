@@ -96,7 +96,8 @@ inline bool flashrt_anchored_at(const flashrt_window & w, ggml_op op) {
 // is disabled or no window has that name). For windows whose predicates leave nodes to another.
 bool flashrt_window_enabled(const char * name);
 
-// Whether the decode windows that take several sequences or tokens a step (GDN, ATTN_ROPE) take
+// Whether the decode windows that take several sequences or tokens a step (GDN, ATTN_ROPE,
+// ATTN_DECODE) take
 // them: on unless GGML_FLASHRT_MULTI_TOKEN=0, which leaves a server's batched steps to stock (to
 // measure them against it: bench/device/diagnose.sh multiseq).
 bool flashrt_multi_token_enabled();
