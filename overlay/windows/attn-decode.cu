@@ -1,5 +1,6 @@
 #include "attn-decode.cuh"
 
+#include "window-util.cuh"
 #include "../diagnostics.cuh"
 #include "decode-attention.cuh"
 #include "fattn.cuh"
@@ -13,12 +14,6 @@
 // Key/value heads the combine's counters cover.
 static constexpr int attn_decode_max_heads_kv = 64;
 
-static float op_param_f32(const ggml_tensor * t, int k) {
-    float v;
-    std::memcpy(&v, (const int32_t *) t->op_params + k, sizeof(float));
-    return v;
-}
-
 static bool aligned16(const ggml_tensor * t) {
     return t->nb[0] == sizeof(ggml_fp16_t) && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && (uintptr_t) t->data % 16 == 0;
 }
@@ -26,14 +21,8 @@ static bool aligned16(const ggml_tensor * t) {
 // Predicate first; each miss names its reason (GGML_FLASHRT_DEBUG=1 prints them).
 static const char * attn_decode_miss(const ggml_tensor * fa) {
     const ggml_tensor * q = fa->src[0], *k = fa->src[1], *v = fa->src[2], *mask = fa->src[3];
-    if (q->type != GGML_TYPE_F32 || k->type != GGML_TYPE_F16 || v->type != GGML_TYPE_F16 || fa->type != GGML_TYPE_F32) {
-        return "types (F32 Q, F16 K and V, F32 output)";
-    }
-    if (fa->src[4] != nullptr || op_param_f32(fa, 1) != 0.0f || op_param_f32(fa, 2) != 0.0f) {
-        return "attention sinks, ALiBi or a logit softcap";
-    }
-    if (q->ne[3] != 1 || k->ne[3] != 1 || v->ne[3] != 1) {
-        return "more than one sequence stream";
+    if (const char * miss = flashrt_plain_attention_miss(fa)) {
+        return miss;
     }
     const int64_t d = q->ne[0], n_q = q->ne[1], heads = q->ne[2], n_kv = k->ne[1], heads_kv = k->ne[2];
     if (n_q > 1 && !flashrt_multi_token_enabled()) {
@@ -160,7 +149,7 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     a.out       = (float *) fa->data;
     a.out_head  = fa->nb[1] / sizeof(float);
     a.out_token = fa->nb[2] / sizeof(float);
-    a.scale     = op_param_f32(fa, 0);
+    a.scale     = flashrt_op_param_f32(fa, 0);
     ggml_cuda_pool_alloc<float> partial(ctx.pool(), std::max<int64_t>(1, frt_attn_decode_partial_floats(a)));
     a.partial = partial.get();
     CUDA_CHECK(frt_attn_decode(a, ctx.stream()));

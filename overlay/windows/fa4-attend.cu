@@ -1,28 +1,17 @@
 #include "fa4-attend.cuh"
 
+#include "window-util.cuh"
 #include "fa4-io.cuh"
 
 #include <cstring>
-
-static float op_param_f32(const ggml_tensor * t, int k) {
-    float v;
-    std::memcpy(&v, (const int32_t *) t->op_params + k, sizeof(float));
-    return v;
-}
 
 const char * flashrt_fa4_node_miss(const ggml_tensor * fa, int64_t min_tokens, bool causal, frt_fa4_shape & shape) {
     const ggml_tensor * q = fa->src[0], *k = fa->src[1], *v = fa->src[2];
     if (q->ne[1] < min_tokens) {
         return "fewer tokens than the window takes (stock's kernels keep small batches)";
     }
-    if (q->type != GGML_TYPE_F32 || k->type != GGML_TYPE_F16 || v->type != GGML_TYPE_F16 || fa->type != GGML_TYPE_F32) {
-        return "types (F32 Q, F16 K and V, F32 output)";
-    }
-    if (fa->src[4] != nullptr || op_param_f32(fa, 1) != 0.0f || op_param_f32(fa, 2) != 0.0f) {
-        return "attention sinks, ALiBi or a logit softcap";
-    }
-    if (q->ne[3] != 1 || k->ne[3] != 1 || v->ne[3] != 1) {
-        return "more than one sequence stream";
+    if (const char * miss = flashrt_plain_attention_miss(fa)) {
+        return miss;
     }
     if (k->ne[0] != q->ne[0] || v->ne[0] != q->ne[0] || k->ne[1] != v->ne[1] || k->ne[2] != v->ne[2] ||
         q->ne[2] % k->ne[2] != 0) {
@@ -68,7 +57,7 @@ bool flashrt_fa4_attend(ggml_backend_cuda_context & ctx, ggml_tensor * fa, const
                                 (int64_t) (v->nb[2] / sizeof(half)) };
     // The output as ggml lays it out, (d, heads, n_q): head stride d, token stride d x heads.
     const frt_fa4_tensor to = { o16.get(), 1, (int) n_q, (int) heads, d * n_q * heads, d * heads, d };
-    const float          scale = op_param_f32(fa, 0);
+    const float          scale = flashrt_op_param_f32(fa, 0);
     const cudaError_t    err   = frt_fa4_forward(shape, tq, tk, tv, to, scale, stream);
     if (err == cudaErrorNotSupported) {
         return false;

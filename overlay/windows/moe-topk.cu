@@ -11,12 +11,6 @@
 // shared expert's matvecs lie in between).
 static constexpr int moe_topk_lookahead = 24;
 
-static float op_param_f32(const ggml_tensor * t, int k) {
-    float v;
-    std::memcpy(&v, (const int32_t *) t->op_params + k, sizeof(float));
-    return v;
-}
-
 // The node after `prev` when it is `op` reading `prev` as its first source.
 static const ggml_tensor * next_reading(const ggml_cgraph * cgraph, int at, ggml_op op, const ggml_tensor * prev) {
     if (at >= cgraph->n_nodes) {
@@ -35,8 +29,8 @@ const char * flashrt_moe_topk_run_at(const ggml_cgraph * cgraph, int i, flashrt_
     if (logits->ne[1] != 1 || logits->ne[2] != 1 || logits->ne[3] != 1) {
         return "batch (one token only)";
     }
-    if (softmax->src[1] != nullptr || softmax->src[2] != nullptr || op_param_f32(softmax, 0) != 1.0f ||
-        op_param_f32(softmax, 1) != 0.0f) {
+    if (softmax->src[1] != nullptr || softmax->src[2] != nullptr || flashrt_op_param_f32(softmax, 0) != 1.0f ||
+        flashrt_op_param_f32(softmax, 1) != 0.0f) {
         return "a softmax with a mask, sinks, a scale or an ALiBi bias";
     }
     if (logits->type != GGML_TYPE_F32 || !ggml_is_contiguous(logits) || softmax->type != GGML_TYPE_F32) {
@@ -74,18 +68,18 @@ const char * flashrt_moe_topk_run_at(const ggml_cgraph * cgraph, int i, flashrt_
     const ggml_tensor * div  = clamped && i + 8 < cgraph->n_nodes ? cgraph->nodes[i + 8] : nullptr;
     const ggml_tensor * back = div ? next_reading(cgraph, i + 9, GGML_OP_RESHAPE, div) : nullptr;
     if (back != nullptr && div->op == GGML_OP_DIV && div->src[0] == flat && div->src[1] == clamped &&
-        op_param_f32(clamped, 1) == INFINITY) {
+        flashrt_op_param_f32(clamped, 1) == INFINITY) {
         r.norm    = true;
-        r.clamp   = op_param_f32(clamped, 0);
+        r.clamp   = flashrt_op_param_f32(clamped, 0);
         r.weights = back;
         r.end     = i + 9;
     }
     // [SCALE]
     if (const ggml_tensor * scaled = next_reading(cgraph, r.end + 1, GGML_OP_SCALE, r.weights)) {
-        if (op_param_f32(scaled, 1) != 0.0f) {
+        if (flashrt_op_param_f32(scaled, 1) != 0.0f) {
             return "the weights are scaled with a bias";
         }
-        r.scale   = op_param_f32(scaled, 0);
+        r.scale   = flashrt_op_param_f32(scaled, 0);
         r.weights = scaled;
         r.end += 1;
     }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <vector>
 
@@ -101,6 +102,29 @@ inline const char * flashrt_run_is_private(const ggml_cgraph * cgraph, int first
         if ((n->flags & GGML_TENSOR_FLAG_OUTPUT) != 0 || !flashrt_read_only_in_run(cgraph, u, read_in_run)) {
             return "an intermediate value is read after the run";
         }
+    }
+    return nullptr;
+}
+
+// Float op parameter k of t (ggml keeps them as int32 words).
+inline float flashrt_op_param_f32(const ggml_tensor * t, int k) {
+    float v;
+    std::memcpy(&v, (const int32_t *) t->op_params + k, sizeof(float));
+    return v;
+}
+
+// Why FLASH_ATTN_EXT node fa is not plain attention the overlay's kernels take, or nullptr: F32 Q
+// and output, F16 K and V, no sinks, ALiBi or softcap, one sequence stream.
+inline const char * flashrt_plain_attention_miss(const ggml_tensor * fa) {
+    const ggml_tensor * q = fa->src[0], *k = fa->src[1], *v = fa->src[2];
+    if (q->type != GGML_TYPE_F32 || k->type != GGML_TYPE_F16 || v->type != GGML_TYPE_F16 || fa->type != GGML_TYPE_F32) {
+        return "types (F32 Q, F16 K and V, F32 output)";
+    }
+    if (fa->src[4] != nullptr || flashrt_op_param_f32(fa, 1) != 0.0f || flashrt_op_param_f32(fa, 2) != 0.0f) {
+        return "attention sinks, ALiBi or a logit softcap";
+    }
+    if (q->ne[3] != 1 || k->ne[3] != 1 || v->ne[3] != 1) {
+        return "more than one sequence stream";
     }
     return nullptr;
 }
