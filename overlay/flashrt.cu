@@ -1,4 +1,5 @@
 #include "flashrt.cuh"
+#include "counters.cuh"
 #include "fa4.cuh"
 #include "diagnostics.cuh"
 #include "registry.cuh"
@@ -304,6 +305,7 @@ uint64_t flashrt_evaluation() {
 }
 
 bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop) {
+    GGML_UNUSED(ctx);  // windows prepare in the node loop now
     if (runtime().disabled) {
         return true;
     }
@@ -326,7 +328,7 @@ bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
 void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {
     flashrt_repack_free(ctx);
     flashrt_free_gdn(ctx);
-    flashrt_free_attn_decode(ctx);
+    flashrt_free_counters(ctx);
     flashrt_prepared_graphs & p = prepared_graphs();
     std::lock_guard<std::mutex> lock(p.mutex);
     p.signatures.erase(&ctx);

@@ -20,7 +20,8 @@
 // them when it gets there. The predicate must prove that no node between the run and a claimed
 // node reads or writes the claimed node's memory (the allocator may lend it to them, since in
 // graph order it is not yet live).
-constexpr int FLASHRT_MAX_CLAIMED = 8;
+// (24: the experts' down launch with the shared expert's and the FFN's tail, 16 experts a token.)
+constexpr int FLASHRT_MAX_CLAIMED = 24;
 
 struct flashrt_match {
     int          n_nodes = 0;        // immediate: nodes covered from i (>= 1 on a hit)
@@ -33,6 +34,10 @@ struct flashrt_match {
     // Per claimed node: false, computed by the run at i; true, computed when the loop reaches it,
     // by the window's run_claimed (its output's memory is lent to nodes in between until then).
     bool         claimed_runs_there[FLASHRT_MAX_CLAIMED] = {};
+    // Immediate: the first node of a run of another window's nodes that this window's launch
+    // computes besides its own (MATVEC: MOE_TAIL's, in the experts' down launch), or -1; those of
+    // its nodes that launch anything are claimed.
+    int          fused_run = -1;
 
     bool hit() const { return miss == nullptr && (deferred() || n_nodes >= 1); }
     bool deferred() const { return run_at >= 0; }

@@ -11,7 +11,7 @@
 #            (switches in the environment reach the overlay's runs)
 #   bench    cargo xtask bench --rounds 3 (tg128, pp512, tg128@d8192), the default configuration;
 #            parity on the 4-layer model, then on the 40-layer one when under 7 minutes have passed;
-#            TESTS=tg128 (say) times fewer tests for a quicker A/B
+#            TESTS=tg128 (say) times fewer tests for a quicker A/B, PARITY=0 skips parity
 #   debug    llama-bench tg4 on the synthetic qwen36 GGUF with GGML_FLASHRT_DEBUG=1 (each
 #            "declined" line on stderr, counted) and GGML_FLASHRT_DUMP (the decode graph's nodes
 #            in the overlay's order, with the window that takes each)
@@ -119,16 +119,19 @@ bench)
     "$xtask" bench --model "$model" --arch 90a --rounds 3 ${TESTS:+--tests "$TESTS"} 2>&1 | tee "$out/bench.log" \
         | grep -v '^\[' | tail -30
     cp bench/results/*.json "$out/" 2>/dev/null || true
-    small=/tmp/models/qwen36-l4-e8.gguf
-    [ -f "$small" ] || "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" > "$out/synth-small.log" 2>&1
-    "$xtask" parity --model "$small" --arch 90a 2>&1 | tee "$out/parity-small.log" | grep -v '^\[' | tail -12 \
-        || say "parity (4-layer) FAILED"
-    # The 40-layer parity when the call has time left for it (a device call stops at 10 minutes).
-    if [ $(( $(date +%s) - start )) -lt 420 ]; then
-        "$xtask" parity --model "$model" --arch 90a 2>&1 | tee "$out/parity-40.log" | grep -v '^\[' | tail -12 \
-            || say "parity (40-layer) FAILED"
-    else
-        say "parity (40-layer) skipped: $(( $(date +%s) - start )) s spent"
+    # PARITY=0: no parity runs (an A/B of a switch whose path parity checked elsewhere).
+    if [ "${PARITY:-1}" != 0 ]; then
+        small=/tmp/models/qwen36-l4-e8.gguf
+        [ -f "$small" ] || "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" > "$out/synth-small.log" 2>&1
+        "$xtask" parity --model "$small" --arch 90a 2>&1 | tee "$out/parity-small.log" | grep -v '^\[' | tail -12 \
+            || say "parity (4-layer) FAILED"
+        # The 40-layer parity when the call has time left for it (a device call stops at 10 minutes).
+        if [ $(( $(date +%s) - start )) -lt 420 ]; then
+            "$xtask" parity --model "$model" --arch 90a 2>&1 | tee "$out/parity-40.log" | grep -v '^\[' | tail -12 \
+                || say "parity (40-layer) FAILED"
+        else
+            say "parity (40-layer) skipped: $(( $(date +%s) - start )) s spent"
+        fi
     fi
     ;;
 debug)

@@ -1,6 +1,7 @@
 #include "attn-decode.cuh"
 
 #include "window-util.cuh"
+#include "../counters.cuh"
 #include "../diagnostics.cuh"
 #include "decode-attention.cuh"
 #include "fattn.cuh"
@@ -8,11 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <map>
-#include <mutex>
 
-// Key/value heads the combine's counters cover.
-static constexpr int attn_decode_max_heads_kv = 64;
 
 static bool aligned16(const ggml_tensor * t) {
     return t->nb[0] == sizeof(ggml_fp16_t) && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && (uintptr_t) t->data % 16 == 0;
@@ -34,7 +31,7 @@ static const char * attn_decode_miss(const ggml_tensor * fa) {
     if (const char * why = frt_attn_decode_unsupported((int) d, (int) heads, (int) heads_kv, (int) n_q, (int) n_kv)) {
         return why;
     }
-    if (heads_kv > attn_decode_max_heads_kv) {
+    if (heads_kv > flashrt_counters_size(flashrt_counter_use::attn_decode)) {
         return "more than 64 key/value heads";
     }
     if (q->nb[0] != sizeof(float) || q->nb[1] % sizeof(float) != 0 || q->nb[2] % sizeof(float) != 0) {
@@ -64,56 +61,12 @@ flashrt_match flashrt_match_attn_decode(const ggml_cgraph * cgraph, int i) {
     return flashrt_hit(1);
 }
 
-// The combine's counters, zeroed once per context (each launch leaves them at zero).
-struct attn_decode_counters {
-    std::mutex                                                    mutex;
-    std::map<const ggml_backend_cuda_context *, unsigned *> of;
-};
-
-static attn_decode_counters & counters() {
-    static attn_decode_counters * c = new attn_decode_counters;  // never destroyed: contexts may outlive statics
-    return *c;
-}
-
 void flashrt_prepare_attn_decode(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
                                  const flashrt_match & m) {
     GGML_UNUSED(cgraph);
     GGML_UNUSED(i);
     GGML_UNUSED(m);
-    attn_decode_counters &      c = counters();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    if (c.of.count(&ctx) != 0) {
-        return;
-    }
-    ggml_cuda_set_device(ctx.device);
-    unsigned * p = nullptr;
-    // Zeroed on the stream the kernel runs on: prepared in the node loop, just before it.
-    if (cudaMalloc(&p, attn_decode_max_heads_kv * sizeof(unsigned)) != cudaSuccess ||
-        cudaMemsetAsync(p, 0, attn_decode_max_heads_kv * sizeof(unsigned), ctx.stream()) != cudaSuccess) {
-        (void) cudaGetLastError();  // no counters: stock's flash attention runs
-        if (p != nullptr) {
-            cudaFree(p);
-        }
-        return;
-    }
-    c.of[&ctx] = p;
-}
-
-void flashrt_free_attn_decode(const ggml_backend_cuda_context & ctx) {
-    attn_decode_counters &      c = counters();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    auto                        it = c.of.find(&ctx);
-    if (it != c.of.end()) {
-        cudaFree(it->second);
-        c.of.erase(it);
-    }
-}
-
-static unsigned * counters_of(const ggml_backend_cuda_context & ctx) {
-    attn_decode_counters &      c = counters();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    auto                        it = c.of.find(&ctx);
-    return it != c.of.end() ? it->second : nullptr;
+    flashrt_counters_prepare(ctx);  // without them stock's flash attention runs
 }
 
 void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
@@ -126,7 +79,7 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     a.heads    = (int) q->ne[2];
     a.n_kv     = (int) k->ne[1];
     a.heads_kv = (int) k->ne[2];
-    a.counters = counters_of(ctx);
+    a.counters = flashrt_counters_of(ctx, flashrt_counter_use::attn_decode);
     if (a.counters == nullptr) {  // a capture no direct evaluation prepared
         if (flashrt_debug_enabled()) {
             std::fprintf(stderr, "FlashRT: ATTN_DECODE at node %d (%s): stock's flash attention: no counters yet\n", i,

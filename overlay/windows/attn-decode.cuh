@@ -12,4 +12,3 @@ flashrt_match flashrt_match_attn_decode(const ggml_cgraph * cgraph, int i);
 void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
 void flashrt_prepare_attn_decode(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
                                  const flashrt_match & m);
-void flashrt_free_attn_decode(const ggml_backend_cuda_context & ctx);

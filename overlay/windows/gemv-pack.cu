@@ -1,6 +1,8 @@
 #include "gemv-pack.cuh"
+#include "moe-tail.cuh"
 #include "moe-topk.cuh"
 
+#include "../counters.cuh"
 #include "../diagnostics.cuh"
 #include "../repack.cuh"
 
@@ -420,6 +422,12 @@ flashrt_match flashrt_gemv_match(const flashrt_gemv_pack & pack, int i, int n_no
             m.claimed[m.n_claimed++] = pack.nodes[p];
         }
     }
+    if (pack.tail >= 0) {  // after the pack's nodes (add_moe_tail)
+        m.fused_run = pack.tail;
+        for (int t = 0; t < pack.n_tail_nodes; ++t) {
+            m.claimed[m.n_claimed++] = pack.tail_nodes[t];
+        }
+    }
     return m;
 }
 
@@ -433,9 +441,13 @@ flashrt_gemv_pack flashrt_gemv_pack_of(const ggml_cgraph * cgraph, const flashrt
         }
     }
     for (int k = 0; k < m.n_claimed; ++k) {
+        if (m.fused_run >= 0 && m.claimed[k] >= m.fused_run) {
+            break;  // the MOE_TAIL run the launch computes
+        }
         pack.there[pack.n] = m.claimed_runs_there[k];
         pack.nodes[pack.n++] = m.claimed[k];
     }
+    pack.tail = m.fused_run;
     pack.keep_normed = norm_folded && read_beyond_pack(cgraph, i + 1, pack);
     return pack;
 }
@@ -509,6 +521,21 @@ static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
             s.n_used = (int) ids->ne[0];
             s.n_experts = (int) w->ne[2];
             s.expert_stride = w->nb[2];
+        }
+    }
+    flashrt_moe_tail_run tail;
+    if (pack.tail >= 0 && flashrt_moe_tail_run_at(cgraph, pack.tail, tail) == nullptr) {
+        a.tail.out      = (float *) tail.out->data;
+        a.tail.weights  = (const float *) tail.weights->data;
+        a.tail.gate     = (const float *) tail.gate->data;
+        a.tail.residual = (const float *) tail.residual->data;
+        a.tail.experts_seg = a.tail.shexp_seg = -1;
+        for (int si = 0; si < a.n_segments; ++si) {
+            if (a.seg[si].out == (const float *) tail.experts->data && a.seg[si].ids != nullptr) {
+                a.tail.experts_seg = si;
+            } else if (a.seg[si].out == (const float *) tail.shexp->data && a.seg[si].ids == nullptr) {
+                a.tail.shexp_seg = si;
+            }
         }
     }
     flashrt_moe_topk_run r;
@@ -648,6 +675,13 @@ static void add_guess(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
                 return;
             }
         }
+        if (pack.tail >= 0) {
+            // The launch's fused tail writes its output while late blocks may still read the logits.
+            flashrt_moe_tail_run tail;
+            if (flashrt_moe_tail_run_at(cgraph, pack.tail, tail) != nullptr || flashrt_overlaps(tail.out, r.logits)) {
+                return;
+            }
+        }
         a.guess_logits = (const float *) r.logits->data;
         if (frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {
             a.guess_logits = nullptr;
@@ -669,7 +703,18 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
     } else {
         add_guess(cgraph, pack, a);
     }
+    bool tail_apart = false;
+    if (a.tail.out != nullptr) {
+        a.tail.counters = flashrt_counters_of(ctx, flashrt_counter_use::moe_tail);
+        if (a.tail.counters == nullptr) {  // a capture no direct evaluation prepared: the tail's own kernel
+            a.tail     = frt_gemv_moe_tail();
+            tail_apart = true;
+        }
+    }
     FLASHRT_CHECK(window, frt_gemv(a, ctx.stream(), kernel));
+    if (tail_apart) {
+        flashrt_run_moe_tail_at(ctx, cgraph, pack.tail);
+    }
     if (flashrt_launch_log_enabled()) {
         log_launch(cgraph, pack, a, window);
     }
@@ -685,6 +730,9 @@ void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph *
 
 void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
                                const flashrt_gemv_pack & pack) {
+    if (pack.tail >= 0) {
+        flashrt_counters_prepare(ctx);  // without them the tail runs in its own kernel
+    }
     frt_gemv_args a;
     fill_args(cgraph, pack, a);
     if (a.n_segments > 0 && pack_kernel(cgraph, pack, a) == FRT_GEMV_KERNEL_EXACT) {
@@ -1044,6 +1092,58 @@ static void add_own_input_matvec(const ggml_cgraph * cgraph, int i, const ggml_t
     }
 }
 
+// The FFN's tail right after the experts' down pair (MOE_TAIL's run, in the order that window sets)
+// computed by the pair's launch (frt_gemv_args::tail) instead of a kernel of its own, when MOE_TAIL
+// is on, its experts and shared expert are the pair's two outputs at one token, and its output
+// leaves alone everything the launch reads (other blocks may still read it when a block writes
+// the tail) and every output but those two values and the residual element for element (which
+// MOE_TAIL's predicate checks). Otherwise the pack stays as it is.
+static void add_moe_tail(const ggml_cgraph * cgraph, const ggml_tensor * input, flashrt_gemv_pack & pack) {
+    // GGML_FLASHRT_DOWN_TAIL=0: the tail keeps a launch of its own (to bisect).
+    static const bool enabled = [] {
+        const char * v = std::getenv("GGML_FLASHRT_DOWN_TAIL");
+        return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
+    if (!enabled || !flashrt_window_enabled("MOE_TAIL") || pack.n != 2 || pack.there[0] || pack.there[1]) {
+        return;
+    }
+    const ggml_tensor * down  = cgraph->nodes[pack.nodes[0]];
+    const ggml_tensor * sdown = cgraph->nodes[pack.nodes[1]];
+    if (!is_expert_matvec(down) || sdown->op != GGML_OP_MUL_MAT || segment_input(sdown) == input) {
+        return;  // not the down pair (add_own_input_matvec)
+    }
+    const int            k = flashrt_skip_views(cgraph, pack.nodes[1] + 1);
+    flashrt_moe_tail_run r;
+    if (k >= cgraph->n_nodes || flashrt_moe_tail_run_at(cgraph, k, r) != nullptr || r.tokens != 1 ||
+        r.experts != down || flashrt_view_base(r.shexp) != sdown || r.shexp->data != sdown->data ||
+        (r.out->ne[0] + FRT_GEMV_TAIL_ROWS_A_COUNTER - 1) / FRT_GEMV_TAIL_ROWS_A_COUNTER >
+            flashrt_counters_size(flashrt_counter_use::moe_tail)) {
+        return;
+    }
+    for (const ggml_tensor * t : { down, sdown }) {
+        for (int s = 0; s < GGML_MAX_SRC; ++s) {
+            if (t->src[s] != nullptr && flashrt_overlaps(r.out, t->src[s])) {
+                return;  // an input, a weight or the ids
+            }
+        }
+    }
+    flashrt_gemv_pack with = pack;
+    with.tail              = k;
+    with.n_tail_nodes      = 0;
+    for (int t = k; t <= r.end; ++t) {
+        if (flashrt_is_view(cgraph->nodes[t])) {
+            continue;
+        }
+        if (pack.n - 1 + with.n_tail_nodes == FLASHRT_MAX_CLAIMED) {
+            return;
+        }
+        with.tail_nodes[with.n_tail_nodes++] = t;
+    }
+    if (kernel_miss(cgraph, with) == nullptr) {
+        pack = with;
+    }
+}
+
 const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, flashrt_gemv_fold fold,
                                            flashrt_gemv_pack & pack) {
     if (const char * miss = collect_same_input(cgraph, i, fold, pack)) {
@@ -1066,6 +1166,7 @@ const char * flashrt_gemv_match_same_input(const ggml_cgraph * cgraph, int i, fl
     }
     pack = safe;
     add_own_input_matvec(cgraph, i, input, pack);
+    add_moe_tail(cgraph, input, pack);
     // Gate/up pairs that feed SWIGLUs: the launch computes the SWIGLUs too, as stock fuses them.
     flashrt_gemv_pack with_glu = pack;
     const char *      glu_miss = add_glu_nodes(cgraph, i, input, with_glu);

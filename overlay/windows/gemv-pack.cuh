@@ -24,6 +24,12 @@ struct flashrt_gemv_pack {
     // Routed experts' packs only: the SOFT_MAX whose top-k run (window MOE_TOPK) the launch
     // computes, or -1 (the ids come from the graph).
     int  routing = -1;
+    // Routed experts' down packs only (with the shared expert's down beside): the MOE_TAIL run
+    // right after them (its anchor, the MUL of the experts by their weights) that the launch
+    // computes too (frt_gemv_args::tail), or -1; while matching, its nodes that launch anything.
+    int  tail = -1;
+    int  n_tail_nodes = 0;
+    int  tail_nodes[FLASHRT_MAX_CLAIMED] = {};
 };
 
 // Decode only: at most this many tokens; larger batches run stock. The kernel takes up to

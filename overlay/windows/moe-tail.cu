@@ -6,20 +6,6 @@
 #include <algorithm>
 #include <vector>
 
-// The run's nodes, as qwen35moe builds them (llm_graph_context::build_moe_ffn's weighted sum, then
-// qwen35moe's shared expert and residual).
-struct moe_tail_run {
-    const ggml_tensor * weighted;  // MUL(experts, weights), the anchor
-    const ggml_tensor * experts;   // [n_embd, n_used, tokens]
-    const ggml_tensor * weights;   // [1, n_used, tokens]
-    const ggml_tensor * sigmoid;
-    const ggml_tensor * gate;      // [1, tokens]
-    const ggml_tensor * shexp;     // [n_embd, tokens]
-    const ggml_tensor * residual;  // [n_embd, tokens]
-    const ggml_tensor * out;       // the last ADD
-    int                 n_used, tokens, end;  // end: index of out
-};
-
 static bool is_f32_rows(const ggml_tensor * t, int64_t n_embd, int64_t tokens) {
     return t->type == GGML_TYPE_F32 && t->ne[0] == n_embd && t->ne[1] == tokens && t->ne[2] == 1 && t->ne[3] == 1 &&
            t->nb[0] == sizeof(float);
@@ -30,7 +16,7 @@ static const ggml_tensor * other_source(const ggml_tensor * t, const ggml_tensor
     return t->src[0] == one ? t->src[1] : t->src[1] == one ? t->src[0] : nullptr;
 }
 
-static const char * moe_tail_collect(const ggml_cgraph * cgraph, int i, moe_tail_run & r) {
+static const char * moe_tail_collect(const ggml_cgraph * cgraph, int i, flashrt_moe_tail_run & r) {
     const ggml_tensor * w = cgraph->nodes[i];
     if (w->op != GGML_OP_MUL) {
         return flashrt_miss_anchor;
@@ -115,20 +101,18 @@ static const char * moe_tail_collect(const ggml_cgraph * cgraph, int i, moe_tail
     return nullptr;
 }
 
-// Predicate first; each miss names its reason (GGML_FLASHRT_DEBUG=1 prints them).
-flashrt_match flashrt_match_moe_tail(const ggml_cgraph * cgraph, int i) {
-    moe_tail_run r;
+const char * flashrt_moe_tail_run_at(const ggml_cgraph * cgraph, int i, flashrt_moe_tail_run & r) {
     if (const char * miss = moe_tail_collect(cgraph, i, r)) {
-        return flashrt_miss(miss);
+        return miss;
     }
     // Only the output may be read after the run, and nothing else in it may be a graph output.
     if (const char * miss = flashrt_run_is_private(cgraph, i, r.end, { r.out })) {
-        return flashrt_miss(miss);
+        return miss;
     }
     // Every thread reads the weights and the gate: the output must not overlap them. Column-wise
     // inputs may share its memory only element for element.
     if (flashrt_overlaps(r.out, r.weights) || flashrt_overlaps(r.out, r.gate)) {
-        return flashrt_miss("memory: the output overlaps the routing weights or the gate");
+        return "memory: the output overlaps the routing weights or the gate";
     }
     bool experts_safe = !flashrt_overlaps(r.out, r.experts);
     for (int k = 0; k < r.n_used && !experts_safe; ++k) {
@@ -136,14 +120,22 @@ flashrt_match flashrt_match_moe_tail(const ggml_cgraph * cgraph, int i) {
                        (r.tokens == 1 || r.out->nb[1] == r.experts->nb[2]);
     }
     if (!experts_safe || !flashrt_same_or_disjoint(r.out, r.shexp) || !flashrt_same_or_disjoint(r.out, r.residual)) {
-        return flashrt_miss("memory: the output overlaps an input other than element for element");
+        return "memory: the output overlaps an input other than element for element";
+    }
+    return nullptr;
+}
+
+// Predicate first; each miss names its reason (GGML_FLASHRT_DEBUG=1 prints them).
+flashrt_match flashrt_match_moe_tail(const ggml_cgraph * cgraph, int i) {
+    flashrt_moe_tail_run r;
+    if (const char * miss = flashrt_moe_tail_run_at(cgraph, i, r)) {
+        return flashrt_miss(miss);
     }
     return flashrt_hit(r.end + 1 - i);
 }
 
-void flashrt_run_moe_tail(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
-    GGML_UNUSED(m);
-    moe_tail_run r;
+void flashrt_run_moe_tail_at(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
+    flashrt_moe_tail_run r;
     const char * miss = moe_tail_collect(cgraph, i, r);
     GGML_ASSERT(miss == nullptr);
     const size_t      f = sizeof(float);
@@ -165,4 +157,9 @@ void flashrt_run_moe_tail(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph,
     a.out               = (float *) r.out->data;
     a.out_token         = r.out->nb[1] / f;
     FLASHRT_CHECK("MOE_TAIL", frt_moe_tail(a, ctx.stream()));
+}
+
+void flashrt_run_moe_tail(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
+    GGML_UNUSED(m);
+    flashrt_run_moe_tail_at(ctx, cgraph, i);
 }

@@ -35,6 +35,7 @@
 // them) in one more butterfly. Here one warp takes a row, lane l keeping threads l, l + 32, ... apart.
 
 #include "gemv-impl.cuh"
+#include "moe-ffn-tail.cuh"
 
 #include <cfloat>
 #include <cstdlib>
@@ -84,6 +85,9 @@ struct exact_params {
     // and route_n_used describe the selection), write nothing, and stage the rows guessed.
     const float * guess_logits;
     float         route_clamp, route_scale;
+    // frt_gemv_args::tail (out non-null): its segments' blocks count their rows and complete it.
+    frt_gemv_moe_tail tail;
+    int               tail_n_used, tail_rows;
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
 };
 
@@ -739,6 +743,46 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     }
 }
 
+// The MoE tail (frt_gemv_args::tail) where its last inputs land, for a block of one of its
+// segments that stored rows [row0, row0 + n) (row0 a multiple of the group size): the block counts
+// each group of rows; the count that completes a group (n_used slots and the shared expert) makes
+// this block compute the group's rows, which every other block has stored by then. Release and
+// acquire as a grid barrier does them (a barrier, then one thread's fence and atomic); nothing
+// spins, so the launch needs no co-residency.
+static __device__ void exact_tail(const exact_params & p, int row0, int n) {
+    constexpr int group = FRT_GEMV_TAIL_ROWS_A_COUNTER;
+    __shared__ int owned[kExactWaveRows / group];
+    __shared__ int n_owned;
+    if (threadIdx.x == 0) {
+        n_owned = 0;
+    }
+    __syncthreads();  // the block's rows are stored, n_owned is zero
+    const int groups = (n + group - 1) / group;
+    if ((int) threadIdx.x < groups) {
+        const int g = row0 / group + (int) threadIdx.x;
+        __threadfence();
+        if (atomicAdd(p.tail.counters + g, 1u) == (unsigned) p.tail_n_used) {  // the n_used + 1th arrival
+            p.tail.counters[g] = 0;                                              // for the next launch
+            __threadfence();
+            owned[atomicAdd(&n_owned, 1)] = g;
+        }
+    }
+    __syncthreads();
+    const exact_seg & e = p.seg[p.tail.experts_seg];
+    const exact_seg & d = p.seg[p.tail.shexp_seg];
+    for (int t = threadIdx.x; t < group * n_owned; t += kExactThreads) {
+        const int r = owned[t / group] * group + t % group;
+        if (r >= p.tail_rows) {
+            continue;
+        }
+        // Other blocks' rows: from L2 (ld.cg), not from this SM's L1.
+        const float v = frt_moe_tail_value([&](int k) { return __ldcg(e.out + (int64_t) k * e.out_stride + r); },
+                                           p.tail.weights, p.tail_n_used, __ldcg(p.tail.gate), __ldcg(d.out + r),
+                                           __ldcg(p.tail.residual + r));
+        p.tail.out[r] = v;
+    }
+}
+
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill).
 template <bool GLU, int CHUNKS>
@@ -771,6 +815,9 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
             s.stage_unit ? exact_rows_f32<true>(p, s, slot, row0, n, vec, smem)
                          : exact_rows_f32<false>(p, s, slot, row0, n, vec, smem);
             break;
+    }
+    if (!GLU && p.tail.out != nullptr && (si == p.tail.experts_seg || si == p.tail.shexp_seg)) {
+        exact_tail(p, row0, n);
     }
 }
 
@@ -953,6 +1000,21 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         if (wider.blocks <= wave) {
             shape = wider;
         }
+    }
+    if (a.tail.out != nullptr) {
+        // Groups of rows never straddle two blocks of a slot.
+        for (const int seg : { a.tail.experts_seg, a.tail.shexp_seg }) {
+            if (shape.chunk_rows[seg] % FRT_GEMV_TAIL_ROWS_A_COUNTER != 0 ||
+                shape.chunk_rows[seg] > kExactWaveRows) {
+                return cudaErrorInvalidValue;
+            }
+        }
+        if (a.tail.counters == nullptr) {
+            return cudaErrorInvalidValue;
+        }
+        p.tail        = a.tail;
+        p.tail_n_used = a.seg[a.tail.experts_seg].n_used;
+        p.tail_rows   = a.seg[a.tail.experts_seg].rows;
     }
     p.smem_stage     = shape.stage;
     p.rows_per_block = shape.rows;

@@ -1,5 +1,6 @@
 #include "gemv-bulk.cuh"
 #include "gemv-impl.cuh"
+#include "moe-ffn-tail.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -280,6 +281,34 @@ static const char * gemv_route_unsupported(const frt_gemv_args & a) {
     return nullptr;
 }
 
+// The fused MoE tail (frt_gemv_args::tail), exact kernel only.
+static const char * gemv_tail_unsupported(const frt_gemv_args & a) {
+    const frt_gemv_moe_tail & t = a.tail;
+    if (t.out == nullptr) {
+        return nullptr;
+    }
+    if (t.weights == nullptr || t.gate == nullptr || t.residual == nullptr) {
+        return "frt_gemv: the MoE tail reads routing weights, a gate and a residual";
+    }
+    if (t.experts_seg < 0 || t.experts_seg >= a.n_segments || t.shexp_seg < 0 || t.shexp_seg >= a.n_segments ||
+        t.experts_seg == t.shexp_seg) {
+        return "frt_gemv: the MoE tail's segments are not two segments of the launch";
+    }
+    const frt_gemv_segment & e = a.seg[t.experts_seg];
+    const frt_gemv_segment & d = a.seg[t.shexp_seg];
+    if (e.ids == nullptr || d.ids != nullptr) {
+        return "frt_gemv: the MoE tail adds an expert segment's slots and a dense segment";
+    }
+    if (e.rows != d.rows || e.type == FRT_GEMV_F32 || d.type == FRT_GEMV_F32 || e.epilogue != FRT_GEMV_STORE ||
+        d.epilogue != FRT_GEMV_STORE) {
+        return "frt_gemv: the MoE tail's segments are quantized matrices of as many rows, plain stores";
+    }
+    if (e.n_used < 1 || e.n_used > FRT_MOE_TAIL_MAX_USED) {
+        return "frt_gemv: the MoE tail adds 1 to 16 slots";
+    }
+    return nullptr;
+}
+
 static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
     gemv_params p;
     int         stage_bytes = 0, direct = -1;
@@ -310,6 +339,9 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
     if (const char * why = gemv_route_unsupported(a)) {
         return why;
     }
+    if (const char * why = gemv_tail_unsupported(a)) {
+        return why;
+    }
     int smem_xm = 0, smem_xf = 0;
     if (frt_gemv_exact_layout(a, smem_xm, smem_xf) > kMaxSmem) {
         return "frt_gemv: the inputs do not fit in shared memory";
@@ -326,6 +358,9 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
             if (a.seg[i].x != nullptr) {
                 return "frt_gemv: only the exact kernel takes a segment's own input";
             }
+        }
+        if (a.tail.out != nullptr) {
+            return "frt_gemv: only the exact kernel computes an MoE tail";
         }
         for (int i = 0; i < a.n_segments; ++i) {
             if (a.seg[i].epilogue == FRT_GEMV_SWIGLU) {

@@ -120,6 +120,28 @@ struct frt_gemv_segment {
     int64_t           expert_stride;  // bytes
 };
 
+// Exact kernel only: an MoE FFN's tail computed by the launch that computes its inputs (the
+// routed experts' down projection and the shared expert's), instead of a kernel of its own:
+//   out[r] = (sum over slots j of experts[j][r] * weights[j] + shexp[r] * sigmoid(gate)) + residual[r]
+// with frt_moe_tail's expression (moe-ffn-tail.cuh), so the same bits. experts: the slot outputs
+// of segment `experts_seg` (an expert segment, one token); shexp: the output of the dense segment
+// `shexp_seg`, as many rows. Each block of those segments counts the groups of 4 rows it stored;
+// the block that completes a group (all n_used slots and the shared expert stored) computes the
+// group's rows. No block waits for another. `out` may alias a slot's or the residual's rows element
+// for element (each is read only by the thread that writes it), never another input of the launch.
+struct frt_gemv_moe_tail {
+    float *       out;         // nullptr: no tail
+    const float * weights;     // the slots' routing weights, n_used floats
+    const float * gate;        // the shared expert's gate logit (one float)
+    const float * residual;    // rows floats
+    int           experts_seg, shexp_seg;
+    // (rows + 3) / 4 counters, zero before the launch, left at zero by it. Needed at launch time
+    // only: frt_gemv_unsupported does not look at it (a caller may ask before it has them).
+    unsigned *    counters;
+};
+
+constexpr int FRT_GEMV_TAIL_ROWS_A_COUNTER = 4;
+
 struct frt_gemv_args {
     const float * x;            // input vectors, vector v at x + v * x_stride (elements), k floats each
     int64_t       x_stride;
@@ -156,6 +178,7 @@ struct frt_gemv_args {
     // (rows staged for another expert are copied again), so the guess changes no bit, only when the
     // rows start moving. Nothing is written. Every expert segment reads the same ids.
     const float * guess_logits;
+    frt_gemv_moe_tail tail;
 };
 
 // Which kernel frt_gemv runs. AUTO: the fastest measured, today the register kernel everywhere

@@ -16,21 +16,9 @@ static __global__ void __launch_bounds__(moe_tail_threads) frt_moe_tail_kernel(c
         return;
     }
     const float * experts = a.experts + t * a.experts_token + col;
-    const float * weights = a.weights + t * a.weights_token;
-
-    // moe_weighted_reduction_f32 without an expert scale: its (e * 1.0f) * w is e * w exactly, and
-    // its sum += ... contracts to the same fma(e, w, sum).
-    float sum = experts[0] * weights[0];
-    for (int k = 1; k < a.n_used; ++k) {
-        sum += experts[k * a.experts_slot] * weights[k];
-    }
-
-    // op_sigmoid, then op_mul and the two op_adds, each rounded as its own kernel rounds it.
-    const float g     = a.gate[t * a.gate_token];
-    const float sig   = 1.0f / (1.0f + expf(-g));
-    const float gated = __fmul_rn(a.shexp[t * a.shexp_token + col], sig);
-    const float ffn   = __fadd_rn(sum, gated);
-    const float out   = __fadd_rn(ffn, a.residual[t * a.residual_token + col]);
+    const float   out     = frt_moe_tail_value([&](int k) { return experts[k * a.experts_slot]; },
+                                               a.weights + t * a.weights_token, a.n_used, a.gate[t * a.gate_token],
+                                               a.shexp[t * a.shexp_token + col], a.residual[t * a.residual_token + col]);
     frt_pdl_launch_dependents();
     a.out[t * a.out_token + col] = out;
 }

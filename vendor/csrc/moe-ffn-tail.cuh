@@ -37,5 +37,25 @@ struct frt_moe_tail_args {
 
 constexpr int FRT_MOE_TAIL_MAX_USED = 16;
 
+#ifdef __CUDACC__
+// One output of the tail: slot k's expert value is expert(k). The one expression both
+// frt_moe_tail's kernel and the exact GEMV kernel's fused tail (gemv.cuh, frt_gemv_moe_tail)
+// compute, so that their results are the same bits: moe_weighted_reduction_f32 without an expert
+// scale (its (e * 1.0f) * w is e * w exactly, and its sum += ... contracts to the same fma(e, w,
+// sum)), then op_sigmoid, op_mul and the two op_adds, each rounded as its own kernel rounds it.
+template <typename EXPERT>
+static __device__ __forceinline__ float frt_moe_tail_value(EXPERT expert, const float * weights, int n_used, float gate,
+                                                           float shexp, float residual) {
+    float sum = expert(0) * weights[0];
+    for (int k = 1; k < n_used; ++k) {
+        sum += expert(k) * weights[k];
+    }
+    const float sig   = 1.0f / (1.0f + expf(-gate));
+    const float gated = __fmul_rn(shexp, sig);
+    const float ffn   = __fadd_rn(sum, gated);
+    return __fadd_rn(ffn, residual);
+}
+#endif
+
 // Launches the kernel on `stream` (PDL when enabled); capture-safe. Returns the launch error.
 cudaError_t frt_moe_tail(const frt_moe_tail_args & args, cudaStream_t stream);

@@ -15,6 +15,7 @@
 //   ./test-gemv [seed]
 
 #include "gemv.cuh"
+#include "moe-ffn-tail.cuh"
 #include "tests/test-gemv-reference.cuh"
 
 #include <cinttypes>
@@ -1004,6 +1005,119 @@ bool run_guess_case(std::mt19937_64 & rng) {
     return ok;
 }
 
+// The MoE FFN's tail in the experts' down launch (frt_gemv_args::tail), as MATVEC launches it:
+// every output bit for bit the launch without it followed by frt_moe_tail's kernel; rows not a
+// multiple of the counters' group (a partial group); launched twice, the second time in place over
+// the residual (element for element), to show the counters left at zero and read afresh.
+bool run_tail_case(std::mt19937_64 & rng) {
+    const int     k = 512, rows = 2046, n_experts = 16, n_used = 8;
+    const int64_t row_bytes = gemv_ref::gguf_row_bytes(FRT_GEMV_Q6_K, k);
+    std::normal_distribution<float>       normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> positive(0.0f, 1.0f);
+    std::vector<float> xe((size_t) n_used * k), xd(k), residual(rows), weights(n_used), gate(1, normal(rng));
+    for (std::vector<float> * v : { &xe, &xd, &residual }) {
+        for (float & f : *v) {
+            f = normal(rng);
+        }
+    }
+    for (float & w : weights) {
+        w = positive(rng);
+    }
+    std::vector<int32_t> ids(n_used);
+    for (int32_t & id : ids) {
+        id = (int32_t) (rng() % n_experts);
+    }
+    std::vector<uint8_t> we((size_t) n_experts * rows * row_bytes), wd((size_t) rows * row_bytes);
+    for (int64_t r = 0; r < (int64_t) n_experts * rows; ++r) {
+        gemv_ref::random_row(FRT_GEMV_Q6_K, k, we.data() + r * row_bytes, rng);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        gemv_ref::random_row(FRT_GEMV_Q6_K, k, wd.data() + r * row_bytes, rng);
+    }
+    const int  n_counters = (rows + FRT_GEMV_TAIL_ROWS_A_COUNTER - 1) / FRT_GEMV_TAIL_ROWS_A_COUNTER;
+    float *    d_xe = upload(xe), *d_xd = upload(xd), *d_weights = upload(weights), *d_gate = upload(gate);
+    int32_t *  d_ids = upload(ids);
+    uint8_t *  d_we = upload(we), *d_wd = upload(wd);
+    unsigned * d_counters = upload(std::vector<unsigned>(n_counters, 0u));
+    const size_t n_e = (size_t) n_used * rows;
+    float * experts[2] = { upload_poisoned(n_e), upload_poisoned(n_e) };  // apart, together
+    float * shexp[2]   = { upload_poisoned(rows), upload_poisoned(rows) };
+    float * want       = upload_poisoned(rows);
+    float * out        = upload_poisoned(rows);
+    float * in_place   = upload(residual);  // the residual, written over by the second launch
+    float * d_residual = upload(residual);
+    const auto args = [&](int which) {
+        frt_gemv_args a{};
+        a.x = d_xe, a.x_stride = k, a.k = k, a.tokens = 1, a.x_per_token = n_used, a.n_segments = 2;
+        frt_gemv_segment & e = a.seg[0];
+        e.type = FRT_GEMV_Q6_K, e.w = d_we, e.rows = rows, e.row_stride = row_bytes, e.out = experts[which];
+        e.out_stride = rows, e.ids = d_ids, e.ids_stride = n_used, e.n_used = n_used;
+        e.n_experts = n_experts, e.expert_stride = (int64_t) rows * row_bytes;
+        frt_gemv_segment & d = a.seg[1];
+        d.type = FRT_GEMV_Q6_K, d.w = d_wd, d.rows = rows, d.row_stride = row_bytes, d.out = shexp[which];
+        d.out_stride = rows, d.x = d_xd;
+        return a;
+    };
+    bool ok = true;
+    frt_gemv_args apart = args(0);
+    CHECK(frt_gemv(apart, 0, FRT_GEMV_KERNEL_EXACT));
+    frt_moe_tail_args t{};
+    t.n_embd = rows, t.n_used = n_used, t.tokens = 1;
+    t.experts = experts[0], t.experts_token = (int64_t) n_used * rows, t.experts_slot = rows;
+    t.weights = d_weights, t.shexp = shexp[0], t.gate = d_gate, t.residual = d_residual, t.out = want;
+    CHECK(frt_moe_tail(t, 0));
+    for (int launch = 0; launch < 2 && ok; ++launch) {
+        frt_gemv_args a = args(1);
+        a.tail.out = launch == 0 ? out : in_place;
+        a.tail.weights = d_weights, a.tail.gate = d_gate, a.tail.residual = launch == 0 ? d_residual : in_place;
+        a.tail.experts_seg = 0, a.tail.shexp_seg = 1, a.tail.counters = d_counters;
+        if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
+            std::printf("     tail: refused: %s\n", why);
+            ok = false;
+            break;
+        }
+        CHECK(frt_gemv(a, 0, FRT_GEMV_KERNEL_EXACT));
+    }
+    CHECK(cudaDeviceSynchronize());
+    int64_t checked = 0, bad = 0;
+    const std::vector<uint32_t> ref = download((const uint32_t *) want, rows);
+    for (float * got_at : { out, in_place }) {
+        const std::vector<uint32_t> got = download((const uint32_t *) got_at, rows);
+        for (int r = 0; r < rows; ++r) {
+            ++checked;
+            if ((got[r] != ref[r] || got[r] == kPoison) && bad++ < 5) {
+                std::printf("     tail row %d: %08x, apart %08x\n", r, got[r], ref[r]);
+            }
+        }
+    }
+    for (const int part : { 0, 1 }) {  // the down projections' own outputs are still written
+        const size_t                n    = part == 0 ? n_e : (size_t) rows;
+        const std::vector<uint32_t> got  = download((const uint32_t *) (part == 0 ? experts[1] : shexp[1]), n);
+        const std::vector<uint32_t> ref2 = download((const uint32_t *) (part == 0 ? experts[0] : shexp[0]), n);
+        for (size_t at = 0; at < n; ++at) {
+            ++checked;
+            if (got[at] != ref2[at] && bad++ < 5) {
+                std::printf("     tail launch's %s element %zu: %08x, apart %08x\n", part == 0 ? "experts" : "shexp", at,
+                            got[at], ref2[at]);
+            }
+        }
+    }
+    const std::vector<unsigned> left = download(d_counters, n_counters);
+    const bool zero = std::all_of(left.begin(), left.end(), [](unsigned c) { return c == 0; });
+    if (!zero) {
+        std::printf("     tail: counters not left at zero\n");
+    }
+    for (void * m : { (void *) d_xe, (void *) d_xd, (void *) d_weights, (void *) d_gate, (void *) d_ids, (void *) d_we,
+                      (void *) d_wd, (void *) d_counters, (void *) experts[0], (void *) experts[1], (void *) shexp[0],
+                      (void *) shexp[1], (void *) want, (void *) out, (void *) in_place, (void *) d_residual }) {
+        CHECK(cudaFree(m));
+    }
+    ok = ok && bad == 0 && zero;
+    std::printf("%-4s %-34s exact k=%5d outputs=%9" PRId64 "  bit for bit the launch and frt_moe_tail apart\n",
+                ok ? "ok" : "FAIL", "experts' down + shared + MoE tail", k, checked);
+    return ok;
+}
+
 bool run_refusals() {
     std::vector<float> host(4096 * 8, 1.0f);
     float *            d  = upload(host);
@@ -1110,6 +1224,16 @@ bool run_refusals() {
           FRT_GEMV_KERNEL_EXACT },
         { "a guess on the register kernel", [](frt_gemv_args & a) { a.guess_logits = a.x; } },
         { "own input on the register kernel", [](frt_gemv_args & a) { a.seg[0].x = a.x; } },
+        { "an MoE tail on the register kernel", [](frt_gemv_args & a) {
+              a.tail.residual = a.tail.out = a.seg[0].out;
+              a.tail.weights = a.tail.gate = a.x;
+              a.tail.shexp_seg = 1;
+          } },
+        { "an MoE tail without experts (exact)", [](frt_gemv_args & a) {
+              a.tail.residual = a.tail.out = a.seg[0].out;
+              a.tail.weights = a.tail.gate = a.x;
+              a.tail.shexp_seg = 1;
+          }, FRT_GEMV_KERNEL_EXACT },
         { "own input with a norm (exact)", [](frt_gemv_args & a) {
               a.seg[0].x = a.x;
               a.norm     = a.x;
@@ -1319,9 +1443,10 @@ int main(int argc, char ** argv) {
         failed += run_norm_case(nc, rng) ? 0 : 1;
         ++total;
     }
-    failed += run_own_input_case(rng) ? 0 : 1;
-    failed += run_guess_case(rng) ? 0 : 1;
-    ++total;
+    for (bool (*run)(std::mt19937_64 &) : { run_own_input_case, run_guess_case, run_tail_case }) {
+        failed += run(rng) ? 0 : 1;
+        ++total;
+    }
     failed += run_refusals() ? 0 : 1;
     ++total;
     std::printf("%d passed, %d failed\n", total - failed, failed);

@@ -1,0 +1,63 @@
+#include "counters.cuh"
+
+#include <map>
+#include <mutex>
+
+static constexpr int counters_attn_decode = 64;
+static constexpr int counters_moe_tail    = 2048;
+
+int flashrt_counters_size(flashrt_counter_use use) {
+    return use == flashrt_counter_use::attn_decode ? counters_attn_decode : counters_moe_tail;
+}
+
+static int counters_offset(flashrt_counter_use use) {
+    return use == flashrt_counter_use::attn_decode ? 0 : counters_attn_decode;
+}
+
+struct flashrt_context_counters {
+    std::mutex                                              mutex;
+    std::map<const ggml_backend_cuda_context *, unsigned *> of;
+};
+
+static flashrt_context_counters & context_counters() {
+    static auto * c = new flashrt_context_counters;  // never destroyed: contexts may outlive statics
+    return *c;
+}
+
+bool flashrt_counters_prepare(ggml_backend_cuda_context & ctx) {
+    flashrt_context_counters &  c = context_counters();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.of.count(&ctx) != 0) {
+        return true;
+    }
+    ggml_cuda_set_device(ctx.device);
+    const size_t bytes = (counters_attn_decode + counters_moe_tail) * sizeof(unsigned);
+    unsigned *   p     = nullptr;
+    // Zeroed on the stream the kernels run on: prepared in the node loop, just before them.
+    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemsetAsync(p, 0, bytes, ctx.stream()) != cudaSuccess) {
+        (void) cudaGetLastError();
+        if (p != nullptr) {
+            cudaFree(p);
+        }
+        return false;
+    }
+    c.of[&ctx] = p;
+    return true;
+}
+
+unsigned * flashrt_counters_of(const ggml_backend_cuda_context & ctx, flashrt_counter_use use) {
+    flashrt_context_counters &  c = context_counters();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto                        it = c.of.find(&ctx);
+    return it != c.of.end() ? it->second + counters_offset(use) : nullptr;
+}
+
+void flashrt_free_counters(const ggml_backend_cuda_context & ctx) {
+    flashrt_context_counters &  c = context_counters();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto                        it = c.of.find(&ctx);
+    if (it != c.of.end()) {
+        cudaFree(it->second);
+        c.of.erase(it);
+    }
+}

@@ -1,0 +1,26 @@
+#pragma once
+
+// Device counters that window kernels count on and leave at zero (a "last block finishes the work"
+// pattern: decode attention's combine, the MoE tail in the experts' down launch). One array per
+// backend context, each use its own slice; allocated and zeroed by a window's prepare hook (never
+// under CUDA graph capture), freed with the context.
+
+#include "common.cuh"
+
+enum class flashrt_counter_use {
+    attn_decode,  // one per key/value head (at most 64)
+    moe_tail,     // one per 4 rows of an FFN's output (n_embd up to 8192)
+};
+
+// Counters of `use` in the slice (how many the kernel may touch).
+int flashrt_counters_size(flashrt_counter_use use);
+
+// Allocates and zeroes the context's counters on its stream, once. false when the device refused
+// (the window then runs without them: its fallback).
+bool flashrt_counters_prepare(ggml_backend_cuda_context & ctx);
+
+// The context's counters of `use`, or nullptr when no prepare hook made them (a capture of a graph
+// never evaluated directly).
+unsigned * flashrt_counters_of(const ggml_backend_cuda_context & ctx, flashrt_counter_use use);
+
+void flashrt_free_counters(const ggml_backend_cuda_context & ctx);
