@@ -743,12 +743,23 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     }
 }
 
-// The MoE tail (frt_gemv_args::tail) where its last inputs land, for a block of one of its
-// segments that stored rows [row0, row0 + n) (row0 a multiple of the group size): the block counts
-// each group of rows; the count that completes a group (n_used slots and the shared expert) makes
-// this block compute the group's rows, which every other block has stored by then. Release and
-// acquire as a grid barrier does them (a barrier, then one thread's fence and atomic); nothing
-// spins, so the launch needs no co-residency.
+// One row of the MoE tail (frt_gemv_args::tail), from other blocks' rows: through L2 (ld.cg), not
+// this SM's L1.
+static __device__ __forceinline__ void exact_tail_row(const exact_params & p, int r) {
+    const exact_seg & e = p.seg[p.tail.experts_seg];
+    const exact_seg & d = p.seg[p.tail.shexp_seg];
+    p.tail.out[r] = frt_moe_tail_value([&](int k) { return __ldcg(e.out + (int64_t) k * e.out_stride + r); },
+                                       p.tail.weights, p.tail_n_used, __ldcg(p.tail.gate), __ldcg(d.out + r),
+                                       __ldcg(p.tail.residual + r));
+}
+
+// The MoE tail for a block that stored rows [row0, row0 + n) (row0 a multiple of the group size)
+// of one of its segments. By groups of rows: the block counts each group it stored; the count that
+// completes a group (n_used slots and the shared expert) makes this block compute the group's rows,
+// which every other block has stored by then. after_reads: the block counts the launch's blocks
+// instead, and the last one computes every row. Release and acquire as a grid barrier does them
+// (a barrier, then one thread's fence and atomic); nothing spins, so the launch needs no
+// co-residency.
 static __device__ void exact_tail(const exact_params & p, int row0, int n) {
     constexpr int group = FRT_GEMV_TAIL_ROWS_A_COUNTER;
     __shared__ int owned[kExactWaveRows / group];
@@ -757,6 +768,21 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
         n_owned = 0;
     }
     __syncthreads();  // the block's rows are stored, n_owned is zero
+    if (p.tail.after_reads) {
+        if (threadIdx.x == 0) {
+            __threadfence();
+            if (atomicAdd(p.tail.counters, 1u) == gridDim.x - 1) {  // the last block
+                p.tail.counters[0] = 0;                               // for the next launch
+                __threadfence();
+                n_owned = 1;
+            }
+        }
+        __syncthreads();
+        for (int r = threadIdx.x; n_owned != 0 && r < p.tail_rows; r += kExactThreads) {
+            exact_tail_row(p, r);
+        }
+        return;
+    }
     const int groups = (n + group - 1) / group;
     if ((int) threadIdx.x < groups) {
         const int g = row0 / group + (int) threadIdx.x;
@@ -768,18 +794,11 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
         }
     }
     __syncthreads();
-    const exact_seg & e = p.seg[p.tail.experts_seg];
-    const exact_seg & d = p.seg[p.tail.shexp_seg];
     for (int t = threadIdx.x; t < group * n_owned; t += kExactThreads) {
         const int r = owned[t / group] * group + t % group;
-        if (r >= p.tail_rows) {
-            continue;
+        if (r < p.tail_rows) {
+            exact_tail_row(p, r);
         }
-        // Other blocks' rows: from L2 (ld.cg), not from this SM's L1.
-        const float v = frt_moe_tail_value([&](int k) { return __ldcg(e.out + (int64_t) k * e.out_stride + r); },
-                                           p.tail.weights, p.tail_n_used, __ldcg(p.tail.gate), __ldcg(d.out + r),
-                                           __ldcg(p.tail.residual + r));
-        p.tail.out[r] = v;
     }
 }
 
@@ -816,8 +835,15 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
                          : exact_rows_f32<false>(p, s, slot, row0, n, vec, smem);
             break;
     }
-    if (!GLU && p.tail.out != nullptr && (si == p.tail.experts_seg || si == p.tail.shexp_seg)) {
-        exact_tail(p, row0, n);
+    if (!GLU && p.tail.out != nullptr) {
+        // The block's rows again, from a fresh read of its index: keeping them live across the rows'
+        // loops made ptxas spill there.
+        unsigned block;
+        asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
+        const int tail_si = (int) block >= p.seg[1].block_begin ? 1 : 0;  // a tail launch has two segments
+        const exact_seg & ts = p.seg[tail_si];
+        const int tail_row0 = ((int) block - ts.block_begin) % ts.chunks * ts.chunk_rows;
+        exact_tail(p, tail_row0, min(ts.chunk_rows, ts.rows - tail_row0));
     }
 }
 

@@ -290,9 +290,9 @@ static const char * gemv_tail_unsupported(const frt_gemv_args & a) {
     if (t.weights == nullptr || t.gate == nullptr || t.residual == nullptr) {
         return "frt_gemv: the MoE tail reads routing weights, a gate and a residual";
     }
-    if (t.experts_seg < 0 || t.experts_seg >= a.n_segments || t.shexp_seg < 0 || t.shexp_seg >= a.n_segments ||
+    if (a.n_segments != 2 || t.experts_seg < 0 || t.experts_seg >= 2 || t.shexp_seg < 0 || t.shexp_seg >= 2 ||
         t.experts_seg == t.shexp_seg) {
-        return "frt_gemv: the MoE tail's segments are not two segments of the launch";
+        return "frt_gemv: the MoE tail's segments are not the launch's two segments";
     }
     const frt_gemv_segment & e = a.seg[t.experts_seg];
     const frt_gemv_segment & d = a.seg[t.shexp_seg];

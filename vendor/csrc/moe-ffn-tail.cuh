@@ -46,9 +46,27 @@ constexpr int FRT_MOE_TAIL_MAX_USED = 16;
 template <typename EXPERT>
 static __device__ __forceinline__ float frt_moe_tail_value(EXPERT expert, const float * weights, int n_used, float gate,
                                                            float shexp, float residual) {
-    float sum = expert(0) * weights[0];
-    for (int k = 1; k < n_used; ++k) {
-        sum += expert(k) * weights[k];
+    // The slots' loads 8 at a time (one round trip for qwen36's 8, not one a slot), each sum in slot
+    // order; the weights, the same for every thread, come from L1.
+    constexpr int kBatch = 8;
+    float         sum    = 0.0f;
+#pragma unroll
+    for (int k0 = 0; k0 < FRT_MOE_TAIL_MAX_USED; k0 += kBatch) {
+        float e[kBatch] = {};
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+            if (k0 + j < n_used) {
+                e[j] = expert(k0 + j);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+            if (k0 + j == 0) {
+                sum = e[0] * weights[0];
+            } else if (k0 + j < n_used) {
+                sum += e[j] * weights[k0 + j];
+            }
+        }
     }
     const float sig   = 1.0f / (1.0f + expf(-gate));
     const float gated = __fmul_rn(shexp, sig);

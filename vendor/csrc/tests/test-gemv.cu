@@ -1006,12 +1006,15 @@ bool run_guess_case(std::mt19937_64 & rng) {
 }
 
 // The MoE FFN's tail in the experts' down launch (frt_gemv_args::tail), as MATVEC launches it:
-// every output bit for bit the launch without it followed by frt_moe_tail's kernel; rows not a
-// multiple of the counters' group (a partial group); launched twice, the second time in place over
-// the residual (element for element), to show the counters left at zero and read afresh.
+// every output bit for bit the launch without it followed by frt_moe_tail's kernel. Q8_0 rows, so
+// that the row count (2046) leaves a partial group of the counters'. Three launches on the same
+// counters: by groups into a buffer of its own, by groups in place over the residual (element for
+// element), and after every block's reads into a buffer that begins with the shared expert's input
+// (after_reads): the counters left at zero each time.
 bool run_tail_case(std::mt19937_64 & rng) {
     const int     k = 512, rows = 2046, n_experts = 16, n_used = 8;
-    const int64_t row_bytes = gemv_ref::gguf_row_bytes(FRT_GEMV_Q6_K, k);
+    const frt_gemv_type type = FRT_GEMV_Q8_0;
+    const int64_t row_bytes = gemv_ref::gguf_row_bytes(type, k);
     std::normal_distribution<float>       normal(0.0f, 1.0f);
     std::uniform_real_distribution<float> positive(0.0f, 1.0f);
     std::vector<float> xe((size_t) n_used * k), xd(k), residual(rows), weights(n_used), gate(1, normal(rng));
@@ -1029,10 +1032,10 @@ bool run_tail_case(std::mt19937_64 & rng) {
     }
     std::vector<uint8_t> we((size_t) n_experts * rows * row_bytes), wd((size_t) rows * row_bytes);
     for (int64_t r = 0; r < (int64_t) n_experts * rows; ++r) {
-        gemv_ref::random_row(FRT_GEMV_Q6_K, k, we.data() + r * row_bytes, rng);
+        gemv_ref::random_row(type, k, we.data() + r * row_bytes, rng);
     }
     for (int64_t r = 0; r < rows; ++r) {
-        gemv_ref::random_row(FRT_GEMV_Q6_K, k, wd.data() + r * row_bytes, rng);
+        gemv_ref::random_row(type, k, wd.data() + r * row_bytes, rng);
     }
     const int  n_counters = (rows + FRT_GEMV_TAIL_ROWS_A_COUNTER - 1) / FRT_GEMV_TAIL_ROWS_A_COUNTER;
     float *    d_xe = upload(xe), *d_xd = upload(xd), *d_weights = upload(weights), *d_gate = upload(gate);
@@ -1046,31 +1049,34 @@ bool run_tail_case(std::mt19937_64 & rng) {
     float * out        = upload_poisoned(rows);
     float * in_place   = upload(residual);  // the residual, written over by the second launch
     float * d_residual = upload(residual);
-    const auto args = [&](int which) {
+    std::vector<float> over(rows, 0.0f);  // the third launch's output, over the shared expert's input
+    std::copy(xd.begin(), xd.end(), over.begin());
+    float * over_x = upload(over);
+    const auto args = [&](int which, const float * x_shared) {
         frt_gemv_args a{};
         a.x = d_xe, a.x_stride = k, a.k = k, a.tokens = 1, a.x_per_token = n_used, a.n_segments = 2;
         frt_gemv_segment & e = a.seg[0];
-        e.type = FRT_GEMV_Q6_K, e.w = d_we, e.rows = rows, e.row_stride = row_bytes, e.out = experts[which];
+        e.type = type, e.w = d_we, e.rows = rows, e.row_stride = row_bytes, e.out = experts[which];
         e.out_stride = rows, e.ids = d_ids, e.ids_stride = n_used, e.n_used = n_used;
         e.n_experts = n_experts, e.expert_stride = (int64_t) rows * row_bytes;
         frt_gemv_segment & d = a.seg[1];
-        d.type = FRT_GEMV_Q6_K, d.w = d_wd, d.rows = rows, d.row_stride = row_bytes, d.out = shexp[which];
-        d.out_stride = rows, d.x = d_xd;
+        d.type = type, d.w = d_wd, d.rows = rows, d.row_stride = row_bytes, d.out = shexp[which];
+        d.out_stride = rows, d.x = x_shared;
         return a;
     };
     bool ok = true;
-    frt_gemv_args apart = args(0);
-    CHECK(frt_gemv(apart, 0, FRT_GEMV_KERNEL_EXACT));
+    CHECK(frt_gemv(args(0, d_xd), 0, FRT_GEMV_KERNEL_EXACT));
     frt_moe_tail_args t{};
     t.n_embd = rows, t.n_used = n_used, t.tokens = 1;
     t.experts = experts[0], t.experts_token = (int64_t) n_used * rows, t.experts_slot = rows;
     t.weights = d_weights, t.shexp = shexp[0], t.gate = d_gate, t.residual = d_residual, t.out = want;
     CHECK(frt_moe_tail(t, 0));
-    for (int launch = 0; launch < 2 && ok; ++launch) {
-        frt_gemv_args a = args(1);
-        a.tail.out = launch == 0 ? out : in_place;
-        a.tail.weights = d_weights, a.tail.gate = d_gate, a.tail.residual = launch == 0 ? d_residual : in_place;
-        a.tail.experts_seg = 0, a.tail.shexp_seg = 1, a.tail.counters = d_counters;
+    float * const outs[3] = { out, in_place, over_x };
+    for (int launch = 0; launch < 3 && ok; ++launch) {
+        frt_gemv_args a = args(1, launch == 2 ? over_x : d_xd);
+        a.tail.out = outs[launch];
+        a.tail.weights = d_weights, a.tail.gate = d_gate, a.tail.residual = launch == 1 ? in_place : d_residual;
+        a.tail.experts_seg = 0, a.tail.shexp_seg = 1, a.tail.counters = d_counters, a.tail.after_reads = launch == 2;
         if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
             std::printf("     tail: refused: %s\n", why);
             ok = false;
@@ -1081,7 +1087,7 @@ bool run_tail_case(std::mt19937_64 & rng) {
     CHECK(cudaDeviceSynchronize());
     int64_t checked = 0, bad = 0;
     const std::vector<uint32_t> ref = download((const uint32_t *) want, rows);
-    for (float * got_at : { out, in_place }) {
+    for (float * got_at : outs) {
         const std::vector<uint32_t> got = download((const uint32_t *) got_at, rows);
         for (int r = 0; r < rows; ++r) {
             ++checked;
@@ -1109,7 +1115,8 @@ bool run_tail_case(std::mt19937_64 & rng) {
     }
     for (void * m : { (void *) d_xe, (void *) d_xd, (void *) d_weights, (void *) d_gate, (void *) d_ids, (void *) d_we,
                       (void *) d_wd, (void *) d_counters, (void *) experts[0], (void *) experts[1], (void *) shexp[0],
-                      (void *) shexp[1], (void *) want, (void *) out, (void *) in_place, (void *) d_residual }) {
+                      (void *) shexp[1], (void *) want, (void *) out, (void *) in_place, (void *) d_residual,
+                      (void *) over_x }) {
         CHECK(cudaFree(m));
     }
     ok = ok && bad == 0 && zero;
