@@ -530,14 +530,6 @@ static void fill_args(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
         a.tail.gate     = (const float *) tail.gate->data;
         a.tail.residual = (const float *) tail.residual->data;
         a.tail.experts_seg = a.tail.shexp_seg = -1;
-        // Other blocks may still read the inputs (ids, x, a segment's own x) when a group's tail
-        // is written: where the output overlaps one, only the launch's last block writes it.
-        for (int p = 0; p < pack.n; ++p) {
-            const ggml_tensor * t = cgraph->nodes[pack.nodes[p]];
-            for (int s = 0; s < GGML_MAX_SRC; ++s) {
-                a.tail.after_reads = a.tail.after_reads || (t->src[s] != nullptr && flashrt_overlaps(tail.out, t->src[s]));
-            }
-        }
         for (int si = 0; si < a.n_segments; ++si) {
             if (a.seg[si].out == (const float *) tail.experts->data && a.seg[si].ids != nullptr) {
                 a.tail.experts_seg = si;
@@ -686,7 +678,7 @@ static void add_guess(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
         flashrt_moe_tail_run tail;
         if (pack.tail >= 0 && flashrt_moe_tail_run_at(cgraph, pack.tail, tail) == nullptr &&
             flashrt_overlaps(tail.out, r.logits)) {
-            a.tail.after_reads = true;  // late blocks may still read the logits while a group's tail is written
+            return;  // no guess: late blocks would still read the logits while a group's tail is written
         }
         a.guess_logits = (const float *) r.logits->data;
         if (frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {
@@ -1098,17 +1090,18 @@ static void add_own_input_matvec(const ggml_cgraph * cgraph, int i, const ggml_t
     }
 }
 
-// The FFN's tail right after the experts' down pair (MOE_TAIL's run, in the order that window sets)
-// computed by the pair's launch (frt_gemv_args::tail) instead of a kernel of its own, when MOE_TAIL
-// is on and its experts and shared expert are the pair's two outputs at one token (MOE_TAIL's
-// predicate checks that its output overlaps those and the residual only element for element).
-// Where the output may overlap something the launch reads, fill_args asks for the tail after every
-// block's reads (after_reads). Otherwise the pack stays as it is.
+// GGML_FLASHRT_DOWN_TAIL=1 (experiment): the FFN's tail right after the experts' down pair
+// (MOE_TAIL's run, in the order that window sets) computed by the pair's launch
+// (frt_gemv_args::tail) instead of a kernel of its own, when MOE_TAIL is on, its experts and shared
+// expert are the pair's two outputs at one token (MOE_TAIL's predicate checks that its output
+// overlaps those and the residual only element for element) and its output leaves alone everything
+// the launch reads (other blocks may still read it when a group's tail is written). Otherwise the
+// pack stays as it is. Off by default: the H200 trace has the fused launch slower than the two
+// (bench/results/2026-12-01-a79dd2b-h200-down-tail-v2).
 static void add_moe_tail(const ggml_cgraph * cgraph, const ggml_tensor * input, flashrt_gemv_pack & pack) {
-    // GGML_FLASHRT_DOWN_TAIL=0: the tail keeps a launch of its own (to bisect).
     static const bool enabled = [] {
         const char * v = std::getenv("GGML_FLASHRT_DOWN_TAIL");
-        return v == nullptr || std::strcmp(v, "0") != 0;
+        return v != nullptr && std::strcmp(v, "1") == 0;
     }();
     if (!enabled || !flashrt_window_enabled("MOE_TAIL") || pack.n != 2 || pack.there[0] || pack.there[1]) {
         return;
@@ -1125,6 +1118,13 @@ static void add_moe_tail(const ggml_cgraph * cgraph, const ggml_tensor * input, 
         (r.out->ne[0] + FRT_GEMV_TAIL_ROWS_A_COUNTER - 1) / FRT_GEMV_TAIL_ROWS_A_COUNTER >
             flashrt_counters_size(flashrt_counter_use::moe_tail)) {
         return;
+    }
+    for (const ggml_tensor * t : { down, sdown }) {
+        for (int s = 0; s < GGML_MAX_SRC; ++s) {
+            if (t->src[s] != nullptr && flashrt_overlaps(r.out, t->src[s])) {
+                return;  // an input, a weight or the ids
+            }
+        }
     }
     flashrt_gemv_pack with = pack;
     with.tail              = k;

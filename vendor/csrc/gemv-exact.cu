@@ -756,8 +756,7 @@ static __device__ __forceinline__ void exact_tail_row(const exact_params & p, in
 // The MoE tail for a block that stored rows [row0, row0 + n) (row0 a multiple of the group size)
 // of one of its segments. By groups of rows: the block counts each group it stored; the count that
 // completes a group (n_used slots and the shared expert) makes this block compute the group's rows,
-// which every other block has stored by then. after_reads: the block counts the launch's blocks
-// instead, and the last one computes every row. Release and acquire as a grid barrier does them
+// which every other block has stored by then. Release and acquire as a grid barrier does them
 // (a barrier, then one thread's fence and atomic); nothing spins, so the launch needs no
 // co-residency.
 static __device__ void exact_tail(const exact_params & p, int row0, int n) {
@@ -768,21 +767,6 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
         n_owned = 0;
     }
     __syncthreads();  // the block's rows are stored, n_owned is zero
-    if (p.tail.after_reads) {
-        if (threadIdx.x == 0) {
-            __threadfence();
-            if (atomicAdd(p.tail.counters, 1u) == gridDim.x - 1) {  // the last block
-                p.tail.counters[0] = 0;                               // for the next launch
-                __threadfence();
-                n_owned = 1;
-            }
-        }
-        __syncthreads();
-        for (int r = threadIdx.x; n_owned != 0 && r < p.tail_rows; r += kExactThreads) {
-            exact_tail_row(p, r);
-        }
-        return;
-    }
     const int groups = (n + group - 1) / group;
     if ((int) threadIdx.x < groups) {
         const int g = row0 / group + (int) threadIdx.x;
@@ -803,8 +787,9 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 }
 
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
-// would make the plain one spill).
-template <bool GLU, int CHUNKS>
+// would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
+// own instance too: the tail's code made ptxas spill in the plain one).
+template <bool GLU, int CHUNKS, bool TAIL = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -835,7 +820,7 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
                          : exact_rows_f32<false>(p, s, slot, row0, n, vec, smem);
             break;
     }
-    if (!GLU && p.tail.out != nullptr) {
+    if (TAIL) {
         // The block's rows again, from a fresh read of its index: keeping them live across the rows'
         // loops made ptxas spill there.
         unsigned block;
@@ -1070,6 +1055,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
     }
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
+    if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks), staged rows in one group
+        return exact_launch<frt_gemv_exact_kernel<false, 1, true>>(device, blocks, smem, stream, p);
+    }
     switch (exact_chunks()) {
         case 2:
             return glu ? exact_launch<frt_gemv_exact_kernel<true, 2>>(device, blocks, smem, stream, p)

@@ -128,16 +128,15 @@ struct frt_gemv_segment {
 // `shexp_seg`, as many rows. Each block of those segments counts the groups of 4 rows it stored;
 // the block that completes a group (all n_used slots and the shared expert stored) computes the
 // group's rows. No block waits for another. `out` may alias a slot's or the residual's rows element
-// for element (each is read only by the thread that writes it); where it may overlap another input
-// of the launch (x, a segment's own x, the ids, the guess's logits), `after_reads` makes the last
-// block of the launch to finish compute every row instead, when no block reads anything any more.
+// for element (each is read only by the thread that writes it), never another input of the launch
+// (x, a segment's own x, the ids, the guess's logits: other blocks may still read them when a
+// group's tail is written).
 struct frt_gemv_moe_tail {
     float *       out;         // nullptr: no tail
     const float * weights;     // the slots' routing weights, n_used floats
     const float * gate;        // the shared expert's gate logit (one float)
     const float * residual;    // rows floats
     int           experts_seg, shexp_seg;  // the launch's two segments
-    bool          after_reads;
     // (rows + 3) / 4 counters, zero before the launch, left at zero by it. Needed at launch time
     // only: frt_gemv_unsupported does not look at it (a caller may ask before it has them).
     unsigned *    counters;

@@ -1007,10 +1007,9 @@ bool run_guess_case(std::mt19937_64 & rng) {
 
 // The MoE FFN's tail in the experts' down launch (frt_gemv_args::tail), as MATVEC launches it:
 // every output bit for bit the launch without it followed by frt_moe_tail's kernel. Q8_0 rows, so
-// that the row count (2046) leaves a partial group of the counters'. Three launches on the same
-// counters: by groups into a buffer of its own, by groups in place over the residual (element for
-// element), and after every block's reads into a buffer that begins with the shared expert's input
-// (after_reads): the counters left at zero each time.
+// that the row count (2046) leaves a partial group of the counters'. Two launches on the same
+// counters: into a buffer of its own, then in place over the residual (element for element): the
+// counters left at zero each time.
 bool run_tail_case(std::mt19937_64 & rng) {
     const int     k = 512, rows = 2046, n_experts = 16, n_used = 8;
     const frt_gemv_type type = FRT_GEMV_Q8_0;
@@ -1049,10 +1048,7 @@ bool run_tail_case(std::mt19937_64 & rng) {
     float * out        = upload_poisoned(rows);
     float * in_place   = upload(residual);  // the residual, written over by the second launch
     float * d_residual = upload(residual);
-    std::vector<float> over(rows, 0.0f);  // the third launch's output, over the shared expert's input
-    std::copy(xd.begin(), xd.end(), over.begin());
-    float * over_x = upload(over);
-    const auto args = [&](int which, const float * x_shared) {
+    const auto args = [&](int which) {
         frt_gemv_args a{};
         a.x = d_xe, a.x_stride = k, a.k = k, a.tokens = 1, a.x_per_token = n_used, a.n_segments = 2;
         frt_gemv_segment & e = a.seg[0];
@@ -1061,22 +1057,22 @@ bool run_tail_case(std::mt19937_64 & rng) {
         e.n_experts = n_experts, e.expert_stride = (int64_t) rows * row_bytes;
         frt_gemv_segment & d = a.seg[1];
         d.type = type, d.w = d_wd, d.rows = rows, d.row_stride = row_bytes, d.out = shexp[which];
-        d.out_stride = rows, d.x = x_shared;
+        d.out_stride = rows, d.x = d_xd;
         return a;
     };
     bool ok = true;
-    CHECK(frt_gemv(args(0, d_xd), 0, FRT_GEMV_KERNEL_EXACT));
+    CHECK(frt_gemv(args(0), 0, FRT_GEMV_KERNEL_EXACT));
     frt_moe_tail_args t{};
     t.n_embd = rows, t.n_used = n_used, t.tokens = 1;
     t.experts = experts[0], t.experts_token = (int64_t) n_used * rows, t.experts_slot = rows;
     t.weights = d_weights, t.shexp = shexp[0], t.gate = d_gate, t.residual = d_residual, t.out = want;
     CHECK(frt_moe_tail(t, 0));
-    float * const outs[3] = { out, in_place, over_x };
-    for (int launch = 0; launch < 3 && ok; ++launch) {
-        frt_gemv_args a = args(1, launch == 2 ? over_x : d_xd);
+    float * const outs[2] = { out, in_place };
+    for (int launch = 0; launch < 2 && ok; ++launch) {
+        frt_gemv_args a = args(1);
         a.tail.out = outs[launch];
         a.tail.weights = d_weights, a.tail.gate = d_gate, a.tail.residual = launch == 1 ? in_place : d_residual;
-        a.tail.experts_seg = 0, a.tail.shexp_seg = 1, a.tail.counters = d_counters, a.tail.after_reads = launch == 2;
+        a.tail.experts_seg = 0, a.tail.shexp_seg = 1, a.tail.counters = d_counters;
         if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
             std::printf("     tail: refused: %s\n", why);
             ok = false;
@@ -1115,8 +1111,7 @@ bool run_tail_case(std::mt19937_64 & rng) {
     }
     for (void * m : { (void *) d_xe, (void *) d_xd, (void *) d_weights, (void *) d_gate, (void *) d_ids, (void *) d_we,
                       (void *) d_wd, (void *) d_counters, (void *) experts[0], (void *) experts[1], (void *) shexp[0],
-                      (void *) shexp[1], (void *) want, (void *) out, (void *) in_place, (void *) d_residual,
-                      (void *) over_x }) {
+                      (void *) shexp[1], (void *) want, (void *) out, (void *) in_place, (void *) d_residual }) {
         CHECK(cudaFree(m));
     }
     ok = ok && bad == 0 && zero;
