@@ -3,15 +3,20 @@
 #include <map>
 #include <mutex>
 
-static constexpr int counters_attn_decode = 64;
-static constexpr int counters_moe_tail    = 2048;
+// Slices, in the order of flashrt_counter_use.
+static constexpr int counters_size[] = { 256, 64, 2048 };
+static constexpr int counters_total  = 256 + 64 + 2048;
 
 int flashrt_counters_size(flashrt_counter_use use) {
-    return use == flashrt_counter_use::attn_decode ? counters_attn_decode : counters_moe_tail;
+    return counters_size[(int) use];
 }
 
 static int counters_offset(flashrt_counter_use use) {
-    return use == flashrt_counter_use::attn_decode ? 0 : counters_attn_decode;
+    int offset = 0;
+    for (int u = 0; u < (int) use; ++u) {
+        offset += counters_size[u];
+    }
+    return offset;
 }
 
 struct flashrt_context_counters {
@@ -31,7 +36,7 @@ bool flashrt_counters_prepare(ggml_backend_cuda_context & ctx) {
         return true;
     }
     ggml_cuda_set_device(ctx.device);
-    const size_t bytes = (counters_attn_decode + counters_moe_tail) * sizeof(unsigned);
+    const size_t bytes = counters_total * sizeof(unsigned);
     unsigned *   p     = nullptr;
     // Zeroed on the stream the kernels run on: prepared in the node loop, just before them.
     if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemsetAsync(p, 0, bytes, ctx.stream()) != cudaSuccess) {

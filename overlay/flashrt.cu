@@ -327,7 +327,6 @@ bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
 
 void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {
     flashrt_repack_free(ctx);
-    flashrt_free_gdn(ctx);
     flashrt_free_counters(ctx);
     flashrt_prepared_graphs & p = prepared_graphs();
     std::lock_guard<std::mutex> lock(p.mutex);

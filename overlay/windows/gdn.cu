@@ -1,5 +1,6 @@
 #include "gdn.cuh"
 #include "window-util.cuh"
+#include "../counters.cuh"
 
 #include "gdn-decode.cuh"
 
@@ -8,8 +9,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <vector>
 
 // The block spans ~60 nodes, most of them views.
@@ -336,22 +335,10 @@ flashrt_match flashrt_match_gdn(const ggml_cgraph * cgraph, int i) {
     return flashrt_hit(b.end + 1 - i);
 }
 
-// Per context: the flags through which, in the one-launch path, the value heads sharing a key head
-// get its q and k (frt_gdn_decode_args::flags): zeroed once outside capture, zero after each
-// launch. On by default (measured with ROUTER and MOE_TAIL, registry.cu); GGML_FLASHRT_GDN_ONE_LAUNCH=0
-// keeps two launches.
-constexpr int gdn_max_key_heads = 256;
-
-struct gdn_flags_table {
-    std::mutex                                                mutex;
-    std::map<const ggml_backend_cuda_context *, int *> flags;
-};
-
-static gdn_flags_table & gdn_flags() {
-    static gdn_flags_table * t = new gdn_flags_table;  // never destroyed: contexts may outlive statics
-    return *t;
-}
-
+// The one-launch path's flags, through which the value heads sharing a key head get its q and k
+// (frt_gdn_decode_args::flags): per context, zeroed once outside capture, zero after each launch
+// (overlay/counters). On by default (measured with ROUTER and MOE_TAIL, registry.cu);
+// GGML_FLASHRT_GDN_ONE_LAUNCH=0 keeps two launches.
 static bool gdn_one_launch_enabled() {
     static const bool enabled = [] {
         const char * v = std::getenv("GGML_FLASHRT_GDN_ONE_LAUNCH");
@@ -364,43 +351,9 @@ void flashrt_prepare_gdn(ggml_backend_cuda_context & ctx, const ggml_cgraph * cg
     GGML_UNUSED(cgraph);
     GGML_UNUSED(i);
     GGML_UNUSED(m);
-    if (!gdn_one_launch_enabled()) {
-        return;
+    if (gdn_one_launch_enabled()) {
+        flashrt_counters_prepare(ctx);  // without them the two launches
     }
-    gdn_flags_table &           t = gdn_flags();
-    std::lock_guard<std::mutex> lock(t.mutex);
-    if (t.flags.count(&ctx) != 0) {
-        return;
-    }
-    ggml_cuda_set_device(ctx.device);
-    int * flags = nullptr;
-    // Zeroed on the stream the window's kernels run on: prepared in the node loop, just before them.
-    if (cudaMalloc(&flags, gdn_max_key_heads * sizeof(int)) != cudaSuccess ||
-        cudaMemsetAsync(flags, 0, gdn_max_key_heads * sizeof(int), ctx.stream()) != cudaSuccess) {
-        (void) cudaGetLastError();  // no flags: the two launches
-        if (flags != nullptr) {
-            cudaFree(flags);
-        }
-        return;
-    }
-    t.flags[&ctx] = flags;
-}
-
-void flashrt_free_gdn(const ggml_backend_cuda_context & ctx) {
-    gdn_flags_table &           t = gdn_flags();
-    std::lock_guard<std::mutex> lock(t.mutex);
-    auto                        it = t.flags.find(&ctx);
-    if (it != t.flags.end()) {
-        cudaFree(it->second);
-        t.flags.erase(it);
-    }
-}
-
-static int * gdn_flags_of(const ggml_backend_cuda_context & ctx) {
-    gdn_flags_table &           t = gdn_flags();
-    std::lock_guard<std::mutex> lock(t.mutex);
-    auto                        it = t.flags.find(&ctx);
-    return it != t.flags.end() ? it->second : nullptr;
 }
 
 void flashrt_run_gdn(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
@@ -454,6 +407,8 @@ void flashrt_run_gdn(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int 
 
     ggml_cuda_pool_alloc<char> scratch(ctx.pool(), frt_gdn_decode_scratch_bytes(b.n_seqs, b.k_heads, b.v_heads));
     a.scratch = scratch.get();
-    a.flags   = b.n_seqs == 1 && b.k_heads <= gdn_max_key_heads ? gdn_flags_of(ctx) : nullptr;
+    a.flags   = b.n_seqs == 1 && b.k_heads <= flashrt_counters_size(flashrt_counter_use::gdn_flags) && gdn_one_launch_enabled()
+                    ? (int *) flashrt_counters_of(ctx, flashrt_counter_use::gdn_flags)
+                    : nullptr;
     FLASHRT_CHECK("GDN", frt_gdn_decode(a, ctx.stream()));
 }

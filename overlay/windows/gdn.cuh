@@ -17,4 +17,3 @@ void flashrt_run_gdn(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int 
 // Begin-graph preparation (outside capture): the context's zeroed flags for the one-launch path.
 void flashrt_prepare_gdn(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m);
 // With the context: its flags.
-void flashrt_free_gdn(const ggml_backend_cuda_context & ctx);
