@@ -5,7 +5,6 @@
 
 // Slices, in the order of flashrt_counter_use.
 static constexpr int counters_size[] = { 256, 64, 2048 };
-static constexpr int counters_total  = 256 + 64 + 2048;
 
 int flashrt_counters_size(flashrt_counter_use use) {
     return counters_size[(int) use];
@@ -36,7 +35,8 @@ bool flashrt_counters_prepare(ggml_backend_cuda_context & ctx) {
         return true;
     }
     ggml_cuda_set_device(ctx.device);
-    const size_t bytes = counters_total * sizeof(unsigned);
+    const size_t bytes = counters_offset(flashrt_counter_use::moe_tail) * sizeof(unsigned) +
+                         flashrt_counters_size(flashrt_counter_use::moe_tail) * sizeof(unsigned);  // the last slice's end
     unsigned *   p     = nullptr;
     // Zeroed on the stream the kernels run on: prepared in the node loop, just before them.
     if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemsetAsync(p, 0, bytes, ctx.stream()) != cudaSuccess) {

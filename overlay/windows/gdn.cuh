@@ -14,6 +14,6 @@
 
 flashrt_match flashrt_match_gdn(const ggml_cgraph * cgraph, int i);
 void flashrt_run_gdn(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
-// Begin-graph preparation (outside capture): the context's zeroed flags for the one-launch path.
+// Preparation in the node loop (outside capture): the context's zeroed flags for the one-launch path
+// (overlay/counters).
 void flashrt_prepare_gdn(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m);
-// With the context: its flags.

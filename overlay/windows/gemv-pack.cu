@@ -675,10 +675,15 @@ static void add_guess(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
                 return;
             }
         }
-        flashrt_moe_tail_run tail;
-        if (pack.tail >= 0 && flashrt_moe_tail_run_at(cgraph, pack.tail, tail) == nullptr &&
-            flashrt_overlaps(tail.out, r.logits)) {
-            return;  // no guess: late blocks would still read the logits while a group's tail is written
+        if (a.tail.out != nullptr) {
+            // No guess where the tail's output (fill_args) overlaps the logits: late blocks would
+            // still read them while a group's tail is written.
+            const char * out    = (const char *) a.tail.out;
+            const char * logits = (const char *) r.logits->data;
+            const size_t bytes  = (size_t) a.seg[a.tail.experts_seg].rows * sizeof(float);
+            if (out < logits + ggml_nbytes(r.logits) && logits < out + bytes) {
+                return;
+            }
         }
         a.guess_logits = (const float *) r.logits->data;
         if (frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {

@@ -820,15 +820,8 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
                          : exact_rows_f32<false>(p, s, slot, row0, n, vec, smem);
             break;
     }
-    if (TAIL) {
-        // The block's rows again, from a fresh read of its index: keeping them live across the rows'
-        // loops made ptxas spill there.
-        unsigned block;
-        asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
-        const int tail_si = (int) block >= p.seg[1].block_begin ? 1 : 0;  // a tail launch has two segments
-        const exact_seg & ts = p.seg[tail_si];
-        const int tail_row0 = ((int) block - ts.block_begin) % ts.chunks * ts.chunk_rows;
-        exact_tail(p, tail_row0, min(ts.chunk_rows, ts.rows - tail_row0));
+    if (TAIL) {  // a tail launch's two segments are the tail's
+        exact_tail(p, row0, n);
     }
 }
 
