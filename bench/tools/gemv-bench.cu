@@ -22,8 +22,9 @@
 // pass, launches, copies) and prints a markdown table last.
 //
 // Usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] [--stream-mib 120]
-//                  [--graph-ms 2] [--impls frt,frt-bulk,frt-exact] [--between] [--list]
-//   --impls: which kernels to time (default all three; frt: what frt_gemv picks)
+//                  [--graph-ms 2] [--impls frt,frt-regs,frt-bulk,frt-exact,frt-head] [--between] [--list]
+//   --impls: which kernels to time (default frt, frt-bulk, frt-exact; frt: what frt_gemv picks,
+//     frt-regs: the register kernel, frt-head: the head kernel where it applies)
 //   --graph-ms: the least work a graph holds (launches = max(copies, 32 for experts, this / floor))
 //   --between: a small kernel between the launches, as in decode, where a GEMV follows a norm, an
 //     add or the routing rather than another GEMV: one block of 1024 threads, launched with PDL,
@@ -480,8 +481,9 @@ int main(int argc, char ** argv) {
         } else if (arg == "--impls") {
             impls = split_list(value());
             for (const std::string & name : impls) {
-                if (name != "frt" && name != "frt-bulk" && name != "frt-exact") {
-                    fail("--impls: no kernel " + name + " (frt, frt-bulk, frt-exact)");
+                if (name != "frt" && name != "frt-regs" && name != "frt-bulk" && name != "frt-exact" &&
+                    name != "frt-head") {
+                    fail("--impls: no kernel " + name + " (frt, frt-regs, frt-bulk, frt-exact, frt-head)");
                 }
             }
         } else if (arg == "--between") {
@@ -530,16 +532,21 @@ int main(int argc, char ** argv) {
             const bool exact_takes = std::all_of(s.segs.begin(), s.segs.end(), [](const seg_spec & sp) {
                 return sp.type == Q4 || sp.type == F32 || ((sp.type == Q6 || sp.type == Q8) && (sp.gguf || sp.experts));
             });
-            for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_AUTO, FRT_GEMV_KERNEL_BULK, FRT_GEMV_KERNEL_EXACT }) {
-                if (kernel != FRT_GEMV_KERNEL_AUTO && t != 1) {
+            const bool head_takes = s.segs.size() == 1 && s.segs[0].type == Q6 && !s.segs[0].gguf &&
+                                    !s.segs[0].experts && (s.k == 2048 || s.k == 4096);
+            for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_AUTO, FRT_GEMV_KERNEL_REGISTERS, FRT_GEMV_KERNEL_BULK,
+                                                  FRT_GEMV_KERNEL_EXACT, FRT_GEMV_KERNEL_HEAD }) {
+                if (kernel != FRT_GEMV_KERNEL_AUTO && kernel != FRT_GEMV_KERNEL_REGISTERS && t != 1) {
                     continue;
                 }
-                if (kernel == FRT_GEMV_KERNEL_EXACT && !exact_takes) {
+                if ((kernel == FRT_GEMV_KERNEL_EXACT && !exact_takes) || (kernel == FRT_GEMV_KERNEL_HEAD && !head_takes)) {
                     continue;
                 }
-                const std::string impl = kernel == FRT_GEMV_KERNEL_AUTO   ? "frt"
-                                         : kernel == FRT_GEMV_KERNEL_BULK ? "frt-bulk"
-                                                                          : "frt-exact";
+                const std::string impl = kernel == FRT_GEMV_KERNEL_AUTO        ? "frt"
+                                         : kernel == FRT_GEMV_KERNEL_REGISTERS ? "frt-regs"
+                                         : kernel == FRT_GEMV_KERNEL_BULK      ? "frt-bulk"
+                                         : kernel == FRT_GEMV_KERNEL_EXACT     ? "frt-exact"
+                                                                               : "frt-head";
                 if (std::find(impls.begin(), impls.end(), impl) == impls.end()) {
                     continue;
                 }

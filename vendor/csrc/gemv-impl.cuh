@@ -1242,6 +1242,10 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream);
 // where x's scales and float copy start.
 int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf);
 
+// The head kernel (gemv-head.cu): why it does not take `a`, or nullptr; its launch.
+const char * frt_gemv_head_unsupported(const frt_gemv_args & a);
+cudaError_t  frt_gemv_head_launch(const frt_gemv_args & a, cudaStream_t stream);
+
 // Defined in gemv-tokens{1,2,4,8}.cu.
 cudaError_t frt_gemv_launch_tokens1(const frt_gemv_args & a, int direct, cudaStream_t stream);
 cudaError_t frt_gemv_launch_tokens2(const frt_gemv_args & a, int direct, cudaStream_t stream);

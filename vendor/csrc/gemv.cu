@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 // The host side of frt_gemv: checks and plans a launch; the kernels are in gemv-impl.cuh.
 
@@ -349,6 +351,20 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
     return nullptr;
 }
 
+// AUTO runs the head kernel on a matrix of at least this many rows: its grid keeps every warp of
+// the device on rows (2112 warps on an H200) for more than a few batches, where the register
+// kernel's ~2.5 TB/s holds it back (docs/perf-notes.md, the LM head).
+static constexpr int kHeadMinRows = 65536;
+
+// GGML_FLASHRT_HEAD_KERNEL=0 leaves such matrices to the register kernel, as before (to bisect).
+static bool gemv_auto_takes_head(const frt_gemv_args & a) {
+    static const bool on = [] {
+        const char * env = std::getenv("GGML_FLASHRT_HEAD_KERNEL");
+        return env == nullptr || std::strcmp(env, "0") != 0;
+    }();
+    return on && a.n_segments == 1 && a.seg[0].rows >= kHeadMinRows && frt_gemv_head_unsupported(a) == nullptr;
+}
+
 const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
     if (kernel != FRT_GEMV_KERNEL_EXACT) {
         if (a.route_logits != nullptr || a.guess_logits != nullptr) {
@@ -370,7 +386,9 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
     }
     switch (kernel) {
         case FRT_GEMV_KERNEL_AUTO:
+            return gemv_auto_takes_head(a) ? nullptr : gemv_registers_unsupported(a);
         case FRT_GEMV_KERNEL_REGISTERS: return gemv_registers_unsupported(a);
+        case FRT_GEMV_KERNEL_HEAD:      return frt_gemv_head_unsupported(a);
         case FRT_GEMV_KERNEL_BULK:      return gemv_bulk_unsupported(a);
         case FRT_GEMV_KERNEL_EXACT:     return gemv_exact_unsupported(a);
         default:                        return "frt_gemv: unknown kernel";
@@ -672,6 +690,9 @@ cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream, frt_gemv_k
     }
     if (kernel == FRT_GEMV_KERNEL_EXACT) {
         return frt_gemv_exact_launch(args, stream);
+    }
+    if (kernel == FRT_GEMV_KERNEL_HEAD || (kernel == FRT_GEMV_KERNEL_AUTO && gemv_auto_takes_head(args))) {
+        return frt_gemv_head_launch(args, stream);
     }
     const int direct = gemv_direct_type(args);
     switch (gemv_tokens_max(args.tokens)) {

@@ -183,15 +183,19 @@ struct frt_gemv_args {
     frt_gemv_moe_tail tail;
 };
 
-// Which kernel frt_gemv runs. AUTO: the fastest measured, today the register kernel everywhere
-// (the bulk kernel is slower at every decode shape so far: docs/perf-notes.md). The others are for
-// tests and benchmarks.
+// Which kernel frt_gemv runs. AUTO: the fastest measured: the head kernel where it applies (one
+// dense Q6_K_R matrix of at least kHeadMinRows rows, gemv.cu), else the register kernel (the bulk
+// kernel is slower at every decode shape so far: docs/perf-notes.md). The others are for tests and
+// benchmarks.
 enum frt_gemv_kernel : int32_t {
     FRT_GEMV_KERNEL_AUTO = 0,
     FRT_GEMV_KERNEL_REGISTERS,  // weights loaded into registers; 1..8 tokens, any arch
     FRT_GEMV_KERNEL_BULK,       // weights copied by the bulk-copy engine into shared memory; 1 token, sm_90+
     FRT_GEMV_KERNEL_EXACT,      // every row added in ggml-cuda mmvq's order: bit-identical to stock; 1 token,
                                 // GGUF Q4_K/Q6_K/Q8_0 only (gemv-exact.cu)
+    FRT_GEMV_KERNEL_HEAD,       // one dense Q6_K_R matrix of many rows (an LM head), 1 token, k = 2048 or
+                                // 4096: each lane's x in registers, the next rows' loads in flight while
+                                // a warp multiplies (gemv-head.cu). AUTO takes it where it applies.
 };
 
 // nullptr when frt_gemv supports `args` with `kernel` on the current device; otherwise why not

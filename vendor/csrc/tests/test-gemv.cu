@@ -95,6 +95,7 @@ const char * kernel_name(frt_gemv_kernel kernel) {
     return kernel == FRT_GEMV_KERNEL_BULK        ? "bulk"
            : kernel == FRT_GEMV_KERNEL_REGISTERS ? "regs"
            : kernel == FRT_GEMV_KERNEL_EXACT     ? "exact"
+           : kernel == FRT_GEMV_KERNEL_HEAD      ? "head"
                                                  : "auto";
 }
 
@@ -1192,6 +1193,17 @@ bool run_refusals() {
               a.seg[0].type       = FRT_GEMV_Q6_K_R;
               a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K_R, 2048);
           }, FRT_GEMV_KERNEL_EXACT },
+        { "Q4_K rows (head)", [](frt_gemv_args & a) { (void) a; }, FRT_GEMV_KERNEL_HEAD },
+        { "2 tokens of Q6_K_R (head)", [](frt_gemv_args & a) {
+              a.tokens            = 2;
+              a.seg[0].type       = FRT_GEMV_Q6_K_R;
+              a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K_R, 2048);
+          }, FRT_GEMV_KERNEL_HEAD },
+        { "Q6_K_R at k = 1024 (head)", [](frt_gemv_args & a) {
+              a.k                 = 1024;
+              a.seg[0].type       = FRT_GEMV_Q6_K_R;
+              a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K_R, 1024);
+          }, FRT_GEMV_KERNEL_HEAD },
         { "SWIGLU on the register kernel", [](frt_gemv_args & a) {
               a.seg[0].epilogue = FRT_GEMV_SWIGLU;
               a.seg[0].w_gate   = a.seg[0].w;
@@ -1387,6 +1399,16 @@ int main(int argc, char ** argv) {
     add({ "q8_0 GGUF k=4096 + q4_K, residual in place", 4096, 1,
           { S{ Q8, 40, false, 0, true, true }, S{ Q4, 24 } } });
 
+    // The head kernel's own: k = 4096 (two pairs of items a lane), a residual, rows that leave the
+    // last warps' batches partly empty, x kept after the norm.
+    add({ "q6_K_R k=4096, 3001 rows, residual", 4096, 1, { S{ Q6, 3001, true, 0, true } } });
+    {
+        test_case c{ "q6_K_R k=4096, 20001 rows, normed, kept", 4096, 1, { S{ Q6, 20001, true } }, true };
+        c.keep_normed = true;
+        add(c);
+    }
+    add({ "q6_K_R k=2048, 5 rows", 2048, 1, { S{ Q6, 5, true } } });
+
     add({ "f32 k=256 (mmvf's block of 128)", 256, 1, { S{ F32, 70 } } });
     add({ "f32 k=4096, 33 rows", 4096, 1, { S{ F32, 33 } } });
 
@@ -1403,9 +1425,18 @@ int main(int argc, char ** argv) {
         }
         return true;
     };
+    // The head kernel takes 1 token of one repacked Q6_K matrix at k = 2048 or 4096.
+    const auto head_takes = [](const test_case & c) {
+        return c.tokens == 1 && c.n_used == 0 && c.segs.size() == 1 && c.segs[0].type == FRT_GEMV_Q6_K &&
+               c.segs[0].repack && (c.k == 2048 || c.k == 4096);
+    };
     int failed = 0, total = 0;
     for (const test_case & c : cases) {
-        for (const frt_gemv_kernel kernel : { FRT_GEMV_KERNEL_REGISTERS, FRT_GEMV_KERNEL_BULK, FRT_GEMV_KERNEL_EXACT }) {
+        for (const frt_gemv_kernel kernel :
+             { FRT_GEMV_KERNEL_REGISTERS, FRT_GEMV_KERNEL_BULK, FRT_GEMV_KERNEL_EXACT, FRT_GEMV_KERNEL_HEAD }) {
+            if (kernel == FRT_GEMV_KERNEL_HEAD && !head_takes(c)) {
+                continue;
+            }
             if (kernel == FRT_GEMV_KERNEL_BULK && c.tokens != 1) {
                 continue;  // the bulk kernel takes 1 token (refusals below)
             }

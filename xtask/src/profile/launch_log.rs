@@ -15,6 +15,7 @@ const LOGGED_KERNELS: &[&str] = &[
     "frt_gemv_registers_kernel",
     "frt_gemv_bulk_kernel",
     "frt_gemv_exact_kernel",
+    "frt_gemv_head_kernel",
 ];
 
 /// True for a kernel function whose launches are in the launch log.
