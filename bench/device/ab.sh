@@ -4,10 +4,10 @@
 #   ab.sh check     build (test-backend-ops, llama-bench) while the carried vendor tests run and the
 #                   synthetic qwen36 GGUF is written; the FlashRT cases with every window forced on
 #                   (once more with the experiment's settings when AB is set); cargo xtask bench
-#                   --rounds 3 tg128 of the default, then 4- and 40-layer parity of the default
-#                   (~9.5 min cold)
-#   ab.sh compare   tg128 of the experiment (AB), then cargo xtask profile of the default and of the
-#                   experiment (~5 min)
+#                   --rounds 3 tg128 of stock, the default and the experiment interleaved (--also),
+#                   then 4-layer parity of the default (~9 min cold)
+#   ab.sh compare   cargo xtask profile of the default and of the experiment, then 40-layer parity
+#                   of the default (~4 min)
 # AB: the experiment's settings, e.g. AB="GGML_FLASHRT_HEAD_KERNEL=0" (several: space-separated).
 # Needs .xtask/device/ carried (bench/README.md) with vendor-tests.tar.xz: the vendor tests built on
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
@@ -35,11 +35,11 @@ profile() {  # NAME [ENV=VALUE ...]: cargo xtask profile under the settings, its
     say "profile $name: $(grep -E 'kernels per step|GPU busy' "$out/profile-$name.log" | tr -s ' ' | tr '\n' ' ')"
 }
 
-bench_tg128() {  # NAME [ENV=VALUE ...]
-    local name=$1
-    shift
-    env "$@" "$xtask" bench --model "$model" --arch 90a --rounds 3 --tests tg128 > "$out/bench-$name.log" 2>&1
-    say "bench $name: $(grep -E '^\| tg128' "$out/bench-$name.log")"
+parity() {  # MODEL
+    local log
+    log="$out/parity-$(basename "$1" .gguf).log"
+    "$xtask" parity --model "$1" --arch 90a > "$log" 2>&1
+    say "parity $(basename "$1"): $(grep -E '^\| overlay vs stock' "$log") $(tail -1 "$log")"
 }
 
 case $phase in
@@ -68,20 +68,19 @@ check)
         say "FlashRT cases ($s): $(grep -m1 'tests passed' "$out/tbo-$s.txt" | xargs)"
     done
     wait $synth
-    bench_tg128 default
+    also=()
+    [ ${#ab[@]} -gt 0 ] && also=(--also "$(IFS=,; echo "${ab[*]}")")
+    "$xtask" bench --model "$model" --arch 90a --rounds 3 --tests tg128 "${also[@]}" > "$out/bench.log" 2>&1
+    grep -E '^\| tg128' "$out/bench.log" | while read -r line; do say "bench: $line"; done
     small=/tmp/models/qwen36-l4-e8.gguf
     "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" > /dev/null 2>&1
-    for m in "$small" "$model"; do
-        log="$out/parity-$(basename "$m" .gguf).log"
-        "$xtask" parity --model "$m" --arch 90a > "$log" 2>&1
-        say "parity $(basename "$m"): $(grep -E '^\| overlay vs stock' "$log") $(tail -1 "$log")"
-    done
+    parity "$small"
     ;;
 compare)
     [ -x "$bin/llama-bench" ] || { say "no build here: run 'ab.sh check' first, within 30 s"; exit 1; }
-    [ ${#ab[@]} -gt 0 ] && bench_tg128 ab "${ab[@]}"
     profile default
     [ ${#ab[@]} -gt 0 ] && profile ab "${ab[@]}"
+    parity "$model"
     ;;
 *)
     echo "ab.sh: phase $phase is not check or compare" >&2

@@ -117,8 +117,9 @@ bench)
     mkdir -p /tmp/models
     [ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1
     # TESTS: llama-bench tests for a quicker A/B (e.g. TESTS=tg128); default tg128, pp512, tg128@d8192.
-    "$xtask" bench --model "$model" --arch 90a --rounds 3 ${TESTS:+--tests "$TESTS"} 2>&1 | tee "$out/bench.log" \
-        | grep -v '^\[' | tail -30
+    # ROUNDS (default 3); ALSO=ENV=VALUE[,...]: the overlay with those switches in every round too.
+    "$xtask" bench --model "$model" --arch 90a --rounds "${ROUNDS:-3}" ${TESTS:+--tests "$TESTS"} ${ALSO:+--also "$ALSO"} \
+        2>&1 | tee "$out/bench.log" | grep -v '^\[' | tail -30
     cp bench/results/*.json "$out/" 2>/dev/null || true
     # PARITY=0: no parity runs (an A/B of a switch whose path parity checked elsewhere).
     if [ "${PARITY:-1}" != 0 ]; then

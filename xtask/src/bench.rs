@@ -27,10 +27,15 @@ pub struct BenchArgs {
     /// Also run the overlay with each window disabled alone (its contribution).
     #[arg(long)]
     pub sweep: bool,
+    /// Also run the overlay with these switches, in every round beside the default (an A/B of an
+    /// experiment against the default, interleaved like stock and overlay): ENV=VALUE, several
+    /// comma-separated; repeat the option for more settings.
+    #[arg(long, value_name = "ENV=VALUE[,ENV=VALUE...]")]
+    pub also: Vec<String>,
     /// Repetitions per llama-bench run.
     #[arg(long, default_value_t = 5)]
     pub reps: u32,
-    /// Rounds of stock/overlay (and the sweep's settings), closed by a last stock run: A B A B … A.
+    /// Rounds of stock/overlay (and the sweep's and --also's settings), closed by a last stock run: A B A B … A.
     /// More rounds resolve smaller effects: drift between runs is a few percent on these machines,
     /// and each round's ratio is taken against the stock runs on either side of it.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
@@ -377,8 +382,9 @@ struct TestResult {
     /// The spread of the per-round ratios (overlay against the stock runs around it).
     round_ratio_min: f64,
     round_ratio_max: f64,
-    /// The sweep: the overlay without each window, median tok/s.
-    without: Vec<(String, f64)>,
+    /// The sweep's and --also's settings ("overlay without NAME", "overlay with ENV=VALUE"),
+    /// median tok/s.
+    variants: Vec<(String, f64)>,
     /// Generation only: tok/s × bytes per token / read bandwidth.
     overlay_floor_share: Option<f64>,
     stock_floor_share: Option<f64>,
@@ -550,10 +556,43 @@ struct Planned {
 const STOCK: &str = "stock";
 const OVERLAY: &str = "overlay";
 
-/// The order of the runs for one test: per round stock, overlay, then the overlay without each
-/// of `windows` (the sweep); a last stock run closes the series, so every overlay run has stock
-/// runs on both sides.
-fn schedule(rounds: u32, windows: &[String]) -> Vec<Planned> {
+/// An overlay setting run beside the default in each round: the sweep's "overlay without NAME",
+/// --also's "overlay with ENV=VALUE".
+#[derive(Debug, Clone, PartialEq)]
+struct Variant {
+    setting: String,
+    env: Vec<(String, String)>,
+}
+
+/// The sweep's variants: the overlay without each window.
+fn sweep_variants(windows: &[String]) -> Vec<Variant> {
+    windows
+        .iter()
+        .map(|name| Variant {
+            setting: format!("overlay without {name}"),
+            env: vec![(format!("GGML_FLASHRT_NO_{name}"), "1".into())],
+        })
+        .collect()
+}
+
+/// One --also setting: `ENV=VALUE[,ENV=VALUE...]`.
+fn also_variant(text: &str) -> Result<Variant> {
+    let env = text
+        .split(',')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
+            _ => bail!("--also {text:?}: {pair:?} is not ENV=VALUE (e.g. --also GGML_FLASHRT_HEAD_KERNEL=0)"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Variant {
+        setting: format!("overlay with {text}"),
+        env,
+    })
+}
+
+/// The order of the runs for one test: per round stock, overlay, then each variant; a last stock
+/// run closes the series, so every overlay run has stock runs on both sides.
+fn schedule(rounds: u32, variants: &[Variant]) -> Vec<Planned> {
     let disabled = vec![("GGML_CUDA_FLASHRT_DISABLE".to_owned(), "1".to_owned())];
     let stock = |round| Planned {
         setting: STOCK.into(),
@@ -568,10 +607,10 @@ fn schedule(rounds: u32, windows: &[String]) -> Vec<Planned> {
             env: Vec::new(),
             round,
         });
-        for name in windows {
+        for v in variants {
             plan.push(Planned {
-                setting: format!("overlay without {name}"),
-                env: vec![(format!("GGML_FLASHRT_NO_{name}"), "1".into())],
+                setting: v.setting.clone(),
+                env: v.env.clone(),
                 round,
             });
         }
@@ -621,12 +660,15 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
         bandwidth.gpu, bandwidth.read_tbps, bandwidth.copy_tbps
     ));
 
-    let windows = if args.sweep {
-        test_backend_ops::window_names(project)?
+    let mut variants = if args.sweep {
+        sweep_variants(&test_backend_ops::window_names(project)?)
     } else {
         Vec::new()
     };
-    let plan = schedule(args.rounds, &windows);
+    for text in &args.also {
+        variants.push(also_variant(text)?);
+    }
+    let plan = schedule(args.rounds, &variants);
     let mut results = Vec::new();
     for test in &tests {
         let mut runs = Vec::new();
@@ -654,13 +696,9 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
             test.generate
                 .then(|| ts * bytes / (bandwidth.read_tbps * 1e12))
         };
-        let without: Vec<(String, f64)> = windows
+        let variant_ts: Vec<(String, f64)> = variants
             .iter()
-            .map(|name| {
-                let setting = format!("overlay without {name}");
-                let ts = setting_median(&runs, &setting);
-                (setting, ts)
-            })
+            .map(|v| (v.setting.clone(), setting_median(&runs, &v.setting)))
             .collect();
         results.push(TestResult {
             test: test.name(),
@@ -671,7 +709,7 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
             round_ratio_max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             overlay_floor_share: share(overlay_ts),
             stock_floor_share: share(stock_ts),
-            without,
+            variants: variant_ts,
             runs,
         });
     }
@@ -762,11 +800,12 @@ fn table(r: &BenchResult) -> String {
             pct(t.stock_floor_share),
             pct(t.overlay_floor_share)
         ));
-        for (setting, ts) in &t.without {
+        for (setting, ts) in &t.variants {
             out.push_str(&format!(
-                "| {} {setting} | | {ts:.1} | {:.3} | | | |\n",
+                "| {} {setting} | | {ts:.1} | {:.3} | {:+.1}% against the default | | |\n",
                 t.test,
-                ts / t.stock_ts
+                ts / t.stock_ts,
+                (ts / t.overlay_ts - 1.0) * 100.0
             ));
         }
     }
@@ -903,7 +942,7 @@ mod tests {
             names(&schedule(1, &[])),
             ["stock@1", "overlay@1", "stock@2"]
         );
-        let plan = schedule(2, &["GDN".to_owned()]);
+        let plan = schedule(2, &sweep_variants(&["GDN".to_owned()]));
         assert_eq!(
             names(&plan),
             [
@@ -925,6 +964,34 @@ mod tests {
             plan[2].env,
             [("GGML_FLASHRT_NO_GDN".to_owned(), "1".to_owned())]
         );
+    }
+
+    #[test]
+    fn also_settings_run_beside_the_default_and_bad_ones_are_refused() {
+        let v = also_variant("GGML_FLASHRT_HEAD_KERNEL=0,FRT_STATS=1").unwrap();
+        assert_eq!(v.setting, "overlay with GGML_FLASHRT_HEAD_KERNEL=0,FRT_STATS=1");
+        assert_eq!(
+            v.env,
+            [
+                ("GGML_FLASHRT_HEAD_KERNEL".to_owned(), "0".to_owned()),
+                ("FRT_STATS".to_owned(), "1".to_owned())
+            ]
+        );
+        let plan = schedule(1, &[v]);
+        let names: Vec<&str> = plan.iter().map(|p| p.setting.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "stock",
+                "overlay",
+                "overlay with GGML_FLASHRT_HEAD_KERNEL=0,FRT_STATS=1",
+                "stock"
+            ]
+        );
+        for bad in ["GGML_FLASHRT_HEAD_KERNEL", "=1", "A=1,B"] {
+            let err = also_variant(bad).unwrap_err().to_string();
+            assert!(err.contains("is not ENV=VALUE"), "{bad}: {err}");
+        }
     }
 
     #[test]
