@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -182,8 +183,36 @@ static std::vector<ggml_tensor *> down_pair(ggml_context * ctx, int64_t tokens) 
     return { act, sact, down, ggml_mul_mat(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_Q6_K, k, n_embd), sact) };
 }
 
+// The LM head as llama.cpp builds it: the final norm's value kept (result_norm), the head's matvec
+// right after. `weight`: the head's weight name (another name: an ordinary dense matvec).
+static std::vector<ggml_tensor *> lm_head(ggml_context * ctx, int64_t tokens, const char * weight) {
+    ggml_tensor * x      = ggml_scale(ctx, f32(ctx, 2048, tokens), 1.5f);
+    ggml_tensor * normed = ggml_mul(ctx, ggml_rms_norm(ctx, x, 1e-6f), f32(ctx, 2048));
+    ggml_set_name(normed, "result_norm");
+    ggml_set_output(normed);
+    ggml_tensor * w = ggml_new_tensor_2d(ctx, GGML_TYPE_Q6_K, 2048, 1024);
+    ggml_set_name(w, weight);
+    ggml_tensor * out = ggml_mul_mat(ctx, w, normed);
+    ggml_set_name(out, "result_output");
+    return { x, normed, out };
+}
+
 int main() {
+    // GGML_FLASHRT_HEAD_BATCH=1 (read once by the overlay): the LM head at 2-8 tokens too;
+    // predicate-check.sh runs this twice, without and with it.
+    const char * head_batch_env = std::getenv("GGML_FLASHRT_HEAD_BATCH");
+    const bool   head_batch     = head_batch_env != nullptr && std::string(head_batch_env) == "1";
+    std::printf("GGML_FLASHRT_HEAD_BATCH=%d\n", head_batch ? 1 : 0);
     const std::vector<expectation> expected = {
+        { "MATVEC: the LM head, 1 token", [](ggml_context * c) { return lm_head(c, 1, "output.weight"); },
+          flashrt_match_matvec, 1, 0 },
+        { head_batch ? "MATVEC: the LM head, 3 tokens (HEAD_BATCH)" : "MATVEC: the LM head, 3 tokens (refuse)",
+          [](ggml_context * c) { return lm_head(c, 3, "output.weight"); }, flashrt_match_matvec, head_batch ? 1 : 0,
+          0 },
+        { "MATVEC: another dense matvec, 3 tokens (refuse)",
+          [](ggml_context * c) { return lm_head(c, 3, "blk.0.attn_output.weight"); }, flashrt_match_matvec, 0, 0 },
+        { "MATVEC: the LM head, 9 tokens (refuse)", [](ggml_context * c) { return lm_head(c, 9, "output.weight"); },
+          flashrt_match_matvec, 0, 0 },
         { "MOE_TAIL: 8 slots", [](ggml_context * c) { return moe_tail(c, 8, false); }, flashrt_match_moe_tail, 1, 0 },
         { "MOE_TAIL: the weighted sum read again (reject)", [](ggml_context * c) { return moe_tail(c, 8, true); },
           flashrt_match_moe_tail, 0, 0 },

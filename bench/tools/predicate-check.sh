@@ -23,4 +23,6 @@ mkdir -p "$(dirname "$out")"
 "$nvcc" -std=c++17 -arch=sm_90a -I "$host/ggml/include" -I "$host/ggml/src" -I "$host/ggml/src/ggml-cuda" \
     -I vendor/csrc -I overlay -I overlay/windows bench/tools/predicate-check.cu bench/tools/predicate-stubs.cu \
     "${objs[@]}" -L "$ggml_lib" -lggml-base -o "$out"
+# Twice: the default, then with the off-default switches its expectations name.
 LD_LIBRARY_PATH=$ggml_lib "$out"
+LD_LIBRARY_PATH=$ggml_lib GGML_FLASHRT_HEAD_BATCH=1 "$out"

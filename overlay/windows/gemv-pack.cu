@@ -146,6 +146,24 @@ static bool named_in_gemv_only(const ggml_tensor * w) {
     return false;
 }
 
+// GGML_FLASHRT_HEAD_BATCH=1: the LM head at up to FLASHRT_GEMV_HEAD_MAX_TOKENS tokens (gemv-pack.cuh).
+static bool head_batch() {
+    static const bool on = [] {
+        const char * v = std::getenv("GGML_FLASHRT_HEAD_BATCH");
+        return v != nullptr && std::strcmp(v, "1") == 0;
+    }();
+    return on;
+}
+
+static bool is_lm_head_weight(const ggml_tensor * w) {
+    return std::strcmp(w->name, "output.weight") == 0 || std::strcmp(w->name, "token_embd.weight") == 0;
+}
+
+// The most tokens a dense matvec of weight `w` may have in a launch of the GEMV windows.
+static int64_t max_tokens_of(const ggml_tensor * w) {
+    return head_batch() && is_lm_head_weight(w) ? FLASHRT_GEMV_HEAD_MAX_TOKENS : FLASHRT_GEMV_MAX_TOKENS;
+}
+
 const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor * input) {
     if (mm->op != GGML_OP_MUL_MAT && mm->op != GGML_OP_MUL_MAT_ID) {
         return "a reader is not a matvec";
@@ -189,7 +207,7 @@ const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor
         if ((int64_t) ids->ne[0] * input->ne[2] > FRT_GEMV_MAX_SLOTS) {
             return "too many expert slots";
         }
-    } else if (input->ne[1] > FLASHRT_GEMV_MAX_TOKENS || input->ne[2] != 1) {
+    } else if (input->ne[1] > max_tokens_of(mm->src[0]) || input->ne[2] != 1) {
         return "batch (more tokens than the decode GEMV windows take)";
     }
     return nullptr;
@@ -765,7 +783,12 @@ const char * flashrt_gemv_match_norm_pack(const ggml_cgraph * cgraph, int i, fla
     const ggml_tensor * weight = mul->src[0] == norm ? mul->src[1] : mul->src[0];
     const ggml_tensor * x = norm->src[0];
     if (x->ne[1] > FLASHRT_GEMV_MAX_TOKENS) {
-        return "batch (more tokens than the decode GEMV windows take)";  // before any scan: prefill
+        // Before any scan (prefill); the LM head may take a batch (GGML_FLASHRT_HEAD_BATCH=1), and
+        // llama.cpp computes it right after the final norm's MUL.
+        const ggml_tensor * next = cgraph->nodes[i + 2];
+        if (next->op != GGML_OP_MUL_MAT || next->src[1] != mul || x->ne[1] > max_tokens_of(next->src[0])) {
+            return "batch (more tokens than the decode GEMV windows take)";
+        }
     }
     if (!ggml_node_has_n_uses(cgraph, i, 1)) {
         return "the norm is read by more than its MUL";

@@ -36,6 +36,10 @@ struct flashrt_gemv_pack {
 // FRT_GEMV_MAX_TOKENS (speculative verify), but v1 is slower than stock from 2 tokens on
 // (bench/results/2026-11-30-fcb4a49-h200-decode-gemv-v1): those batches fall back until it is not.
 constexpr int FLASHRT_GEMV_MAX_TOKENS = 1;
+// The LM head alone, with GGML_FLASHRT_HEAD_BATCH=1 (experiment): up to this many tokens (a
+// server's batched decode), on the register kernel; its output is amplified by nothing, so it
+// needs no stock bits, and gemv-bench has the register kernel ahead of stock's mmvq there.
+constexpr int FLASHRT_GEMV_HEAD_MAX_TOKENS = 8;
 
 // Why the dense MUL_MAT `mm` cannot be a segment reading `input` (nullptr: it can).
 const char * flashrt_gemv_segment_miss(const ggml_tensor * mm, const ggml_tensor * input);

@@ -969,7 +969,10 @@ mod tests {
     #[test]
     fn also_settings_run_beside_the_default_and_bad_ones_are_refused() {
         let v = also_variant("GGML_FLASHRT_HEAD_KERNEL=0,FRT_STATS=1").unwrap();
-        assert_eq!(v.setting, "overlay with GGML_FLASHRT_HEAD_KERNEL=0,FRT_STATS=1");
+        assert_eq!(
+            v.setting,
+            "overlay with GGML_FLASHRT_HEAD_KERNEL=0,FRT_STATS=1"
+        );
         assert_eq!(
             v.env,
             [
