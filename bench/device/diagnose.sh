@@ -282,6 +282,7 @@ multiseq)
         bb stock GGML_CUDA_FLASHRT_DISABLE=1
         bb default FRT_STATS=1
         bb one-token GGML_FLASHRT_MULTI_TOKEN=0
+        bb head-batch GGML_FLASHRT_HEAD_BATCH=1
         bb no-rope GGML_FLASHRT_NO_ATTN_ROPE=1
         bb windows-off $(offs "${all_windows[@]}" ATTN_ROPE MOE_TOPK MOE_TAIL)
         bb stock-nographs GGML_CUDA_FLASHRT_DISABLE=1 GGML_CUDA_DISABLE_GRAPHS=1
