@@ -174,8 +174,8 @@ static cudaError_t head_launch(const head_params & p, int sms, int smem, cudaStr
 }
 
 const char * frt_gemv_head_unsupported(const frt_gemv_args & a) {
-    if (a.tokens != 1) {
-        return "frt_gemv: the head kernel takes 1 token";
+    if (a.tokens != 1 || a.x_per_token != 1) {
+        return "frt_gemv: the head kernel takes 1 token, one input vector";
     }
     if (a.n_segments != 1 || a.seg[0].type != FRT_GEMV_Q6_K_R || a.seg[0].ids != nullptr) {
         return "frt_gemv: the head kernel takes one dense FRT_GEMV_Q6_K_R matrix";

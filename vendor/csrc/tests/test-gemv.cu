@@ -1199,6 +1199,11 @@ bool run_refusals() {
               a.seg[0].type       = FRT_GEMV_Q6_K_R;
               a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K_R, 2048);
           }, FRT_GEMV_KERNEL_HEAD },
+        { "Q6_K_R, 8 input vectors (head)", [](frt_gemv_args & a) {
+              a.x_per_token       = 8;
+              a.seg[0].type       = FRT_GEMV_Q6_K_R;
+              a.seg[0].row_stride = frt_gemv_row_bytes(FRT_GEMV_Q6_K_R, 2048);
+          }, FRT_GEMV_KERNEL_HEAD },
         { "Q6_K_R at k = 1024 (head)", [](frt_gemv_args & a) {
               a.k                 = 1024;
               a.seg[0].type       = FRT_GEMV_Q6_K_R;
