@@ -146,6 +146,11 @@ static bool named_in_gemv_only(const ggml_tensor * w) {
     return false;
 }
 
+// The LM head's weight (tied embeddings: the token embedding), as llama.cpp names it.
+static bool is_lm_head_weight(const ggml_tensor * w) {
+    return std::strcmp(w->name, "output.weight") == 0 || std::strcmp(w->name, "token_embd.weight") == 0;
+}
+
 // GGML_FLASHRT_HEAD_BATCH=1: the LM head at up to FLASHRT_GEMV_HEAD_MAX_TOKENS tokens (gemv-pack.cuh).
 static bool head_batch() {
     static const bool on = [] {
@@ -155,9 +160,6 @@ static bool head_batch() {
     return on;
 }
 
-static bool is_lm_head_weight(const ggml_tensor * w) {
-    return std::strcmp(w->name, "output.weight") == 0 || std::strcmp(w->name, "token_embd.weight") == 0;
-}
 
 // The most tokens a dense matvec of weight `w` may have in a launch of the GEMV windows.
 static int64_t max_tokens_of(const ggml_tensor * w) {
@@ -1259,7 +1261,7 @@ const char * flashrt_gemv_norm_pack_window(const ggml_tensor * w) {
     if (any({ "attn_q.", "attn_k.", "attn_v." })) {
         return "ATTNQKV";
     }
-    if (std::strcmp(w->name, "output.weight") == 0 || std::strcmp(w->name, "token_embd.weight") == 0) {
+    if (is_lm_head_weight(w)) {
         return "HEAD";
     }
     if (any({ "ffn_gate_inp" })) {  // the router, and ffn_gate_inp_shexp: the shared expert's gate vector

@@ -29,7 +29,7 @@ static constexpr int kHeadWarps   = kHeadThreads / 32;
 struct head_params {
     const uint8_t * w;
     int64_t         row_stride;
-    int             rows, k;
+    int             rows;
     float *         out;
     const float *   residual;  // FRT_GEMV_ADD, else nullptr
     gemv_x_in       x;         // the input (normed, quantized) as the other kernels take it
@@ -213,7 +213,6 @@ cudaError_t frt_gemv_head_launch(const frt_gemv_args & a, cudaStream_t stream) {
     p.w                        = (const uint8_t *) s.w;
     p.row_stride               = s.row_stride;
     p.rows                     = s.rows;
-    p.k                        = a.k;
     p.out                      = s.out;
     p.residual                 = s.epilogue == FRT_GEMV_ADD ? s.residual : nullptr;
     // Every block norms and quantizes x; block 0 also writes the normed copy the graph keeps.

@@ -682,6 +682,9 @@ cudaError_t frt_gemv_device_info(int device, gemv_device & info) {
 }
 
 cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream, frt_gemv_kernel kernel) {
+    if (kernel == FRT_GEMV_KERNEL_AUTO && gemv_auto_takes_head(args)) {
+        kernel = FRT_GEMV_KERNEL_HEAD;  // decided once: the checks below are the head kernel's
+    }
     if (frt_gemv_unsupported(args, kernel) != nullptr) {
         return cudaErrorInvalidValue;
     }
@@ -691,7 +694,7 @@ cudaError_t frt_gemv(const frt_gemv_args & args, cudaStream_t stream, frt_gemv_k
     if (kernel == FRT_GEMV_KERNEL_EXACT) {
         return frt_gemv_exact_launch(args, stream);
     }
-    if (kernel == FRT_GEMV_KERNEL_HEAD || (kernel == FRT_GEMV_KERNEL_AUTO && gemv_auto_takes_head(args))) {
+    if (kernel == FRT_GEMV_KERNEL_HEAD) {
         return frt_gemv_head_launch(args, stream);
     }
     const int direct = gemv_direct_type(args);
