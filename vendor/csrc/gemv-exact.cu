@@ -125,6 +125,18 @@ static __device__ __forceinline__ float exact_warp_max(float v) {
     return v;
 }
 
+// A probability's place in the argmax's order as an unsigned key (any float but NaN; -0 counts as
+// +0, as the float comparison does), and back: equal keys for equal floats, so ties still go to
+// the lower expert. The routing's probabilities are +0 or more, -FLT_MAX (a NaN) or -inf (taken).
+static __device__ __forceinline__ uint32_t exact_route_key(float v) {
+    const uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+
+static __device__ __forceinline__ float exact_route_value(uint32_t key) {
+    return __uint_as_float((key & 0x80000000u) ? key & 0x7fffffffu : ~key);
+}
+
 // The routed experts of the launch's token, with one warp, as ggml-cuda's fused top-k
 // (topk-moe.cu: topk_moe_cuda with a softmax gate, no bias, no delayed softmax) selects them:
 // lane l holds experts l, l + 32, ... (EPT of them); the softmax (maximum, then exp(v - max)
@@ -181,15 +193,12 @@ static __device__ void exact_route_warp(const exact_params & p, const float * lo
                 max_e = lane + i * 32;
             }
         }
-#pragma unroll
-        for (int mask = 16; mask > 0; mask /= 2) {
-            const float v = __shfl_xor_sync(kFull, max_v, mask);
-            const int   e = __shfl_xor_sync(kFull, max_e, mask);
-            if (v > max_v || (v == max_v && e < max_e)) {
-                max_v = v;
-                max_e = e;
-            }
-        }
+        // The warp's largest (value, then lowest expert): what stock's butterfly of (value,
+        // expert) pairs finds, as two warp reductions instead of five shuffle rounds.
+        const uint32_t key  = exact_route_key(max_v);
+        const uint32_t best = __reduce_max_sync(kFull, key);
+        max_e               = (int) __reduce_min_sync(kFull, key == best ? (uint32_t) max_e : 0xffffffffu);
+        max_v               = exact_route_value(best);
         if ((max_e & 31) == lane) {
             taken |= 1u << (max_e / 32);
         }

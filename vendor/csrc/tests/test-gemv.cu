@@ -603,7 +603,8 @@ __global__ void route_reference(const float * logits, int n_experts, int n_used,
 // plain launches' up and gate sums (themselves checked against mmvq's order by run_case) put
 // through glu_reference; NaN rows for an expert id out of range; the padding untouched. Routed:
 // the launch selects 8 of n_experts from logits (distinct values 0.05 apart, shuffled, so the
-// selection cannot depend on rounding), and the plain launches read route_reference's ids; the
+// selection cannot depend on rounding; or, tied, five values, so that every chosen expert ties with
+// others and the lower expert must win), and the plain launches read route_reference's ids; the
 // launch's ids and weights must equal route_reference's bit for bit, the ids the 8 largest logits
 // in order, and the weights the float64 softmax's within 1e-5.
 struct glu_case {
@@ -614,6 +615,7 @@ struct glu_case {
     bool          norm;
     bool          routed      = false;
     bool          dense_first = false;  // the dense pair's segment first (block 0 is a dense block)
+    bool          tied        = false;  // routed: logits of 5 values, so the 8 chosen tie (lower expert first)
 };
 
 bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
@@ -635,7 +637,7 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
     }
     std::vector<float> logits(gc.routed ? gc.n_experts : 0);
     for (size_t e = 0; e < logits.size(); ++e) {
-        logits[e] = 0.05f * ((float) e - (float) logits.size() / 2);
+        logits[e] = gc.tied ? 0.05f * (float) (e % 5) : 0.05f * ((float) e - (float) logits.size() / 2);
     }
     std::shuffle(logits.begin(), logits.end(), rng);
     const float kClamp = 6.103515625e-5f, kScale = 1.0f;  // llama.cpp's clamp of the weights' sum
@@ -742,7 +744,8 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
         for (int e = 0; e < gc.n_experts; ++e) {
             order[e] = e;
         }
-        std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+        // Equal logits in expert order: ggml-cuda's top-k takes the lower expert first.
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
         double chosen_sum = 0.0;
         for (int j = 0; j < n_used; ++j) {
             chosen_sum += std::exp((double) logits[order[j]]);
@@ -1464,6 +1467,7 @@ int main(int argc, char ** argv) {
         // the dense pair's blocks first (block 0 then writes the selection without using it).
         { "SWIGLU routed 8 of 256 + shared", FRT_GEMV_Q4_K, 2048, 128, 256, true, true, true },
         { "SWIGLU routed 8 of 64, dense first", FRT_GEMV_Q4_K, 1024, 96, 64, true, false, true, true },
+        { "SWIGLU routed 8 of 256, tied logits", FRT_GEMV_Q4_K, 2048, 128, 256, true, true, true, false, true },
     };
     for (const glu_case & gc : glu_cases) {
         failed += run_glu_case(gc, rng) ? 0 : 1;
