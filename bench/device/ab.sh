@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# The default configuration against one experiment, in two device calls made within 30 s of each
+# The default configuration against experiments, in two device calls made within 30 s of each
 # other (the second finds the first's build):
-#   ab.sh check     build (test-backend-ops, llama-bench) while the carried vendor tests run and the
-#                   synthetic qwen36 GGUF is written; the FlashRT cases with every window forced on
-#                   (once more with the experiment's settings when AB is set); cargo xtask bench
-#                   --rounds 3 tg128 of stock, the default and the experiment interleaved (--also),
-#                   then 4-layer parity of the default (~9 min cold)
-#   ab.sh compare   cargo xtask profile of the default and of the experiment, then 40-layer parity
-#                   of the default (~4 min)
-# AB: the experiment's settings, e.g. AB="GGML_FLASHRT_HEAD_KERNEL=0" (several: space-separated).
+#   ab.sh check     build (test-backend-ops, llama-bench) while the carried vendor tests run (once
+#                   more under each experiment's settings) and the synthetic qwen36 GGUF is
+#                   written; the FlashRT cases with every window forced on (once more with each
+#                   experiment's settings); cargo xtask bench --rounds 3 tg128 of stock, the
+#                   default and the experiments interleaved (--also), then 4-layer parity of the
+#                   default (~9 min cold)
+#   ab.sh bench     the bench and the parity of `check` alone, on a build that `check` left (for
+#                   a check run with BENCH=0 when the two do not fit in one call)
+#   ab.sh compare   cargo xtask profile of the default and of each experiment, then 40-layer parity
+#                   of the default (~4 min, +1 a further experiment)
+# AB: the experiments' settings, e.g. AB="GGML_FLASHRT_HEAD_KERNEL=0": within one experiment
+# space-separated, experiments separated by ';' (AB="A=1;A=1 B=4"). ROUNDS: bench rounds (3).
 # Needs .xtask/device/ carried (bench/README.md) with vendor-tests.tar.xz: the vendor tests built on
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
-# packed with `tar -cf - test-* | xz -9 -T1`.
-# Usage (device, repository root): AB="..." bench/device/ab.sh check|compare; a short table last,
-# every file in $OUT/all.tgz.
+# packed with `tar -cf - test-* | xz -9 -T1` (gemv-bench beside them, bench/tools/gemv-bench.cu
+# linked the same way, adds its exact-kernel rows under each setting).
+# Usage (device, repository root): AB="..." [BENCH=0] bench/device/ab.sh check|bench|compare; a short
+# table last, every file in $OUT/all.tgz.
 set -uo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-phase=${1:?usage: AB=\"ENV=VALUE ...\" bench/device/ab.sh check|compare}
-read -r -a ab <<< "${AB:-}"
+phase=${1:?usage: AB=\"ENV=VALUE ...\" bench/device/ab.sh check|bench|compare}
+IFS=';' read -r -a experiments <<< "${AB:-}"
 . bench/device/lib.sh
 device_setup "ab-$phase" || exit 1
 start=$(date +%s)
@@ -42,6 +47,19 @@ parity() {  # MODEL
     say "parity $(basename "$1"): $(grep -E '^\| overlay vs stock' "$log") $(tail -1 "$log")"
 }
 
+bench_and_parity() {  # bench of stock, the default and the experiments interleaved; 4-layer parity
+    local also=() e ab
+    for e in "${experiments[@]}"; do
+        read -r -a ab <<< "$e"
+        also+=(--also "$(IFS=,; echo "${ab[*]}")")
+    done
+    "$xtask" bench --model "$model" --arch 90a --rounds "${ROUNDS:-3}" --tests tg128 "${also[@]}" > "$out/bench.log" 2>&1
+    grep -E '^\| tg128' "$out/bench.log" | while read -r line; do say "bench: $line"; done
+    local small=/tmp/models/qwen36-l4-e8.gguf
+    "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" > /dev/null 2>&1
+    parity "$small"
+}
+
 case $phase in
 check)
     "$xtask" build --arch 90a --targets test-backend-ops,llama-bench > "$out/build.log" 2>&1 &
@@ -53,37 +71,75 @@ check)
         "$t" > "$out/$(basename "$t").txt" 2>&1
         grep -E "^FAIL" "$out/$(basename "$t").txt" | head -5
         say "$(basename "$t"): $(tail -1 "$out/$(basename "$t").txt")"
+        for i in "${!experiments[@]}"; do
+            read -r -a ab <<< "${experiments[$i]}"
+            env "${ab[@]}" "$t" > "$out/$(basename "$t")-ab$i.txt" 2>&1
+            grep -E "^FAIL" "$out/$(basename "$t")-ab$i.txt" | head -5
+            say "$(basename "$t") (${ab[*]}): $(tail -1 "$out/$(basename "$t")-ab$i.txt")"
+        done
     done
+    # gemv-bench, when packed with the tests: the exact kernel at every decode shape, 1 token, under
+    # the default and each experiment (gemv-bench-*.md).
+    if [ -x /tmp/vendor-tests/gemv-bench ]; then
+        /tmp/vendor-tests/gemv-bench "$out/gemv-bench-default.jsonl" --tokens 1 --impls frt-exact \
+            > "$out/gemv-bench-default.md" 2> "$out/gemv-bench.err"
+        for i in "${!experiments[@]}"; do
+            read -r -a ab <<< "${experiments[$i]}"
+            env "${ab[@]}" /tmp/vendor-tests/gemv-bench "$out/gemv-bench-ab$i.jsonl" --tokens 1 --impls frt-exact \
+                > "$out/gemv-bench-ab$i.md" 2>> "$out/gemv-bench.err"
+        done
+        python3 - "$out" "${experiments[@]}" <<'PY' | while read -r line; do say "$line"; done
+import json, sys
+out, names = sys.argv[1], ["default"] + sys.argv[2:]
+runs = []
+for i, name in enumerate(names):
+    path = f"{out}/gemv-bench-{'default' if i == 0 else f'ab{i - 1}'}.jsonl"
+    rows = {}
+    for line in open(path):
+        r = json.loads(line)
+        if r.get("impl") == "frt-exact":
+            rows[r["shape"]] = r["us_median"]
+    runs.append(rows)
+print("gemv-bench frt-exact µs: shape | " + " | ".join(names))
+for shape in runs[0]:
+    print(f"gemv-bench {shape} | " + " | ".join(f"{r.get(shape, float('nan')):.2f}" for r in runs))
+PY
+    fi
     wait $build || { tail -30 "$out/build.log"; say "build FAILED"; exit 1; }
     say "build: $(( $(date +%s) - start )) s"
-    settings=(default)
-    [ ${#ab[@]} -gt 0 ] && settings+=(ab)
+    settings=(default "${!experiments[@]}")
     for s in "${settings[@]}"; do
         (
             for w in "${gemv_windows[@]}" SHEXP_GATE MOE_TAIL ATTN_ROPE MOE_TOPK ATTN_DECODE; do export "FRT_${w}_SWAP=1"; done
-            [ $s = ab ] && export "${ab[@]}"
+            if [ "$s" != default ]; then
+                read -r -a ab <<< "${experiments[$s]}"
+                export "${ab[@]}"
+            fi
             GGML_CUDA_FLASHRT_NO_CACHE=1 FRT_STATS=1 "$bin/test-backend-ops" test -b CUDA0 -o 'FLASHRT_.*' > "$out/tbo-$s.txt" 2>&1
         )
         grep -E "FAIL" "$out/tbo-$s.txt" | head -10
-        say "FlashRT cases ($s): $(grep -m1 'tests passed' "$out/tbo-$s.txt" | xargs)"
+        label=default
+        [ "$s" != default ] && label=${experiments[$s]}
+        say "FlashRT cases ($label): $(grep -m1 'tests passed' "$out/tbo-$s.txt" | xargs)"
     done
     wait $synth
-    also=()
-    [ ${#ab[@]} -gt 0 ] && also=(--also "$(IFS=,; echo "${ab[*]}")")
-    "$xtask" bench --model "$model" --arch 90a --rounds 3 --tests tg128 "${also[@]}" > "$out/bench.log" 2>&1
-    grep -E '^\| tg128' "$out/bench.log" | while read -r line; do say "bench: $line"; done
-    small=/tmp/models/qwen36-l4-e8.gguf
-    "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" > /dev/null 2>&1
-    parity "$small"
+    [ "${BENCH:-1}" = 0 ] || bench_and_parity
+    ;;
+bench)
+    [ -x "$bin/llama-bench" ] || { say "no build here: run 'ab.sh check' first, within 30 s"; exit 1; }
+    bench_and_parity
     ;;
 compare)
     [ -x "$bin/llama-bench" ] || { say "no build here: run 'ab.sh check' first, within 30 s"; exit 1; }
     profile default
-    [ ${#ab[@]} -gt 0 ] && profile ab "${ab[@]}"
+    for i in "${!experiments[@]}"; do
+        read -r -a ab <<< "${experiments[$i]}"
+        profile "ab$i" "${ab[@]}"
+    done
     parity "$model"
     ;;
 *)
-    echo "ab.sh: phase $phase is not check or compare" >&2
+    echo "ab.sh: phase $phase is not check, bench or compare" >&2
     exit 2
     ;;
 esac

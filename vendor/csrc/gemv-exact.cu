@@ -474,22 +474,41 @@ static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int
 // norm, then quantized as stock's quantize_q8_1 does (and/or kept in float for F32 rows). Only the
 // block's vector `vec` (or its segment's own input), unless the launch keeps the normed vectors
 // (block 0 writes them all).
-// Returns where vec is among the vectors in shared memory.
-static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem, const float * own_x) {
+// Returns where vec is among the vectors in shared memory. after_loads runs once x's first values
+// are loaded: after the norm's sums, else gemv_prologue_x's hook.
+template <typename HOOK = gemv_no_hook>
+static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem, const float * own_x,
+                                     HOOK after_loads = {}) {
     const bool       all   = p.x_out != nullptr;
     const int        first = all ? 0 : vec, n = all ? p.n_vec : 1;
     const float *    x     = own_x != nullptr ? own_x : p.x + (int64_t) first * p.x_stride;
     __shared__ float norm_scales[FRT_GEMV_MAX_TOKENS];
     if (p.norm != nullptr) {
         exact_norm_scales(x, p.x_stride, n, p.k, p.eps, norm_scales);
+        after_loads();  // x's first loads are in (the norm's sums); gemv_prologue_x reads x again from L1
     }
     const gemv_x_in in = { x,        p.norm,   p.x_stride, p.eps, p.k, n, p.need_q8, p.need_f32,
                            blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride, norm_scales };
-    gemv_prologue_x<kExactThreads>(in, (int8_t *) smem, (uint2 *) (smem + p.smem_xm), (float *) (smem + p.smem_xf),
-                                   threadIdx.x, 0);
+    if (p.norm != nullptr) {
+        gemv_prologue_x<kExactThreads>(in, (int8_t *) smem, (uint2 *) (smem + p.smem_xm),
+                                       (float *) (smem + p.smem_xf), threadIdx.x, 0);
+    } else {
+        gemv_prologue_x<kExactThreads>(in, (int8_t *) smem, (uint2 *) (smem + p.smem_xm),
+                                       (float *) (smem + p.smem_xf), threadIdx.x, 0, after_loads);
+    }
     __syncthreads();
     frt_pdl_launch_dependents();
     return vec - first;
+}
+
+// Late staging's first request: the norm's weights (read by gemv_prologue_x, long out of L2), into
+// L1 ahead of the weight copies (no kernel writes them: before the wait).
+static __device__ __forceinline__ void exact_prefetch_norm(const exact_params & p) {
+    if (p.norm != nullptr) {
+        for (int line = threadIdx.x; line < p.k / 32; line += kExactThreads) {
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(p.norm + 32 * line));
+        }
+    }
 }
 
 // Writes a row's value (plus its residual with FRT_GEMV_ADD; times silu of its gate row's value
@@ -604,7 +623,12 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
-template <int TYPE, bool STAGED, bool GLU, int CHUNKS>
+// LATE (CHUNKS > 1): the norm's weights are prefetched first, only the first group is copied
+// there; the later groups are issued in the prologue once x's first loads are in (exact_prologue's
+// hook). An SM's copies in flight are served
+// in order, so a block that queues all its rows first receives x only behind them, and its
+// prologue and products then follow the whole copy instead of overlapping it.
+template <int TYPE, bool STAGED, bool GLU, int CHUNKS, bool LATE = false>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
@@ -624,9 +648,12 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     // Rows go `together` at a time (a round); the staged rows in CHUNKS groups of whole rounds (the
     // last ones may be empty).
     const int     chunk_rows = ((n + together - 1) / together + CHUNKS - 1) / CHUNKS * together;
-    const auto    stage_rows = [&]() {
+    const auto    stage_groups = [&](int c_begin, int c_end) {
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
+            if (c < c_begin || c >= c_end) {
+                continue;
+            }
             const int64_t first = min(bytes, (int64_t) c * chunk_rows * s.row_stride);
             const int64_t last  = min(bytes, (int64_t) (c + 1) * chunk_rows * s.row_stride);
             exact_copy(stage + first, s.w + off + first, last - first, s.stage_unit);
@@ -636,8 +663,23 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             exact_cp_async_commit();
         }
     };
-    const bool valid = exact_wait_and_stage<STAGED, !GLU>(p, s, slot, off, stage_rows);
-    const int      at   = exact_prologue(p, vec, smem, s.x);
+    constexpr int early = LATE ? 1 : CHUNKS;  // groups copied before the prologue
+    static_assert(!LATE || CHUNKS > 1, "late staging leaves the first group early");
+    if (LATE) {
+        exact_prefetch_norm(p);
+    }
+    const bool valid = exact_wait_and_stage<STAGED, !GLU>(p, s, slot, off, [&]() { stage_groups(0, early); });
+    const auto late  = [&]() {
+        if (STAGED && valid) {
+            stage_groups(early, CHUNKS);
+        }
+    };
+    int at;
+    if constexpr (LATE) {
+        at = exact_prologue(p, vec, smem, s.x, late);
+    } else {
+        at = exact_prologue(p, vec, smem, s.x);
+    }
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
     float *        part = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
@@ -726,16 +768,33 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
 // The block's rows [row0, row0 + n) of an F32 matrix: one warp a row. STAGED as for the quantized
 // rows: a warp's row in global memory takes one load latency per pass of mmvf's loop (4 at k =
 // 2048), which set the router pack's time; copied before the wait, the latency overlaps the
-// previous kernel and the prologue.
-template <bool STAGED>
+// previous kernel and the prologue. LATE: the copies are issued in the prologue, behind x's first
+// loads (exact_rows' LATE).
+template <bool STAGED, bool LATE = false>
 static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                       uint8_t * smem) {
     uint8_t *     stage = smem + p.smem_stage;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
-    const bool valid = exact_wait_and_stage<STAGED, false>(p, s, slot, off,
-                                                           [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
-    const int     at   = exact_prologue(p, vec, smem, s.x);
+    const auto    copy  = [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); };
+    if (LATE) {
+        exact_prefetch_norm(p);
+    }
+    const bool    valid = exact_wait_and_stage<STAGED, false>(p, s, slot, off, [&]() {
+        if (!LATE) {
+            copy();
+        }
+    });
+    int at;
+    if constexpr (LATE) {
+        at = exact_prologue(p, vec, smem, s.x, [&]() {
+            if (STAGED && valid) {
+                copy();
+            }
+        });
+    } else {
+        at = exact_prologue(p, vec, smem, s.x);
+    }
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;
     if (STAGED) {
@@ -797,8 +856,9 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
-// own instance too: the tail's code made ptxas spill in the plain one).
-template <bool GLU, int CHUNKS, bool TAIL = false>
+// own instance too: the tail's code made ptxas spill in the plain one). LATE: exact_rows' late
+// staging.
+template <bool GLU, int CHUNKS, bool TAIL = false, bool LATE = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -813,19 +873,19 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, CHUNKS>(p, s, slot, row0, n, vec, smem)
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, CHUNKS, LATE>(p, s, slot, row0, n, vec, smem)
                          : exact_rows<FRT_GEMV_Q4_K, false, GLU, 1>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, CHUNKS>(p, s, slot, row0, n, vec, smem)
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, CHUNKS, LATE>(p, s, slot, row0, n, vec, smem)
                          : exact_rows<FRT_GEMV_Q6_K, false, GLU, 1>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, CHUNKS>(p, s, slot, row0, n, vec, smem)
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, CHUNKS, LATE>(p, s, slot, row0, n, vec, smem)
                          : exact_rows<FRT_GEMV_Q8_0, false, GLU, 1>(p, s, slot, row0, n, vec, smem);
             break;
         default:
-            s.stage_unit ? exact_rows_f32<true>(p, s, slot, row0, n, vec, smem)
+            s.stage_unit ? exact_rows_f32<true, LATE>(p, s, slot, row0, n, vec, smem)
                          : exact_rows_f32<false>(p, s, slot, row0, n, vec, smem);
             break;
     }
@@ -868,7 +928,8 @@ int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf)
     return exact_layout(a, smem_xm, smem_xf, smem_part, q8, f32);
 }
 
-// The kernel instance's copy groups (CHUNKS): GGML_FLASHRT_EXACT_CHUNKS=2 or 4, else 1.
+// The kernel instance's copy groups (CHUNKS): GGML_FLASHRT_EXACT_CHUNKS=2 or 4, else 1 (2 with
+// late staging).
 static int exact_chunks() {
     static const int chunks = [] {
         const char * env = std::getenv("GGML_FLASHRT_EXACT_CHUNKS");
@@ -876,6 +937,17 @@ static int exact_chunks() {
         return n == 2 || n == kExactMaxChunks ? n : 1;
     }();
     return chunks;
+}
+
+// Late staging (exact_rows' LATE) for this launch: GGML_FLASHRT_EXACT_LATE=1 in every launch, 2 in
+// all but the SwiGLU ones (whose late instance spills more). An experiment until measured in decode.
+static bool exact_late(bool glu) {
+    static const int late = [] {
+        const char * env = std::getenv("GGML_FLASHRT_EXACT_LATE");
+        const int    n   = env != nullptr ? std::atoi(env) : 0;
+        return n == 1 || n == 2 ? n : 0;
+    }();
+    return late == 1 || (late == 2 && !glu);
 }
 
 // One instance of the kernel, with the shared memory it may use.
@@ -1059,6 +1131,14 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
     if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks), staged rows in one group
         return exact_launch<frt_gemv_exact_kernel<false, 1, true>>(device, blocks, smem, stream, p);
+    }
+    if (exact_late(glu)) {
+        if (exact_chunks() == kExactMaxChunks) {
+            return glu ? exact_launch<frt_gemv_exact_kernel<true, 4, false, true>>(device, blocks, smem, stream, p)
+                       : exact_launch<frt_gemv_exact_kernel<false, 4, false, true>>(device, blocks, smem, stream, p);
+        }
+        return glu ? exact_launch<frt_gemv_exact_kernel<true, 2, false, true>>(device, blocks, smem, stream, p)
+                   : exact_launch<frt_gemv_exact_kernel<false, 2, false, true>>(device, blocks, smem, stream, p);
     }
     switch (exact_chunks()) {
         case 2:
