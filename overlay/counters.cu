@@ -4,7 +4,7 @@
 #include <mutex>
 
 // Slices, in the order of flashrt_counter_use.
-static constexpr int counters_size[] = { 256, 64, 2048 };
+static constexpr int counters_size[] = { 256, 2048 };
 
 int flashrt_counters_size(flashrt_counter_use use) {
     return counters_size[(int) use];

@@ -1,8 +1,7 @@
 #pragma once
 
 // Device counters that window kernels count on and leave at zero (a "last block finishes the work"
-// pattern: decode attention's combine, the MoE tail in the experts' down launch; GDN's one-launch
-// flags). One array per
+// pattern: the MoE tail in the experts' down launch; GDN's one-launch flags). One array per
 // backend context, each use its own slice; allocated and zeroed by a window's prepare hook (never
 // under CUDA graph capture), freed with the context.
 
@@ -10,7 +9,6 @@
 
 enum class flashrt_counter_use {
     gdn_flags,    // GDN's one launch: one per key head (at most 256)
-    attn_decode,  // one per key/value head (at most 64)
     moe_tail,     // one per 4 rows of an FFN's output (n_embd up to 8192)
 };
 

@@ -13,6 +13,7 @@
 #                   of the default (~4 min, +1 a further experiment)
 # AB: the experiments' settings, e.g. AB="GGML_FLASHRT_HEAD_KERNEL=0": within one experiment
 # space-separated, experiments separated by ';' (AB="A=1;A=1 B=4"). ROUNDS: bench rounds (3).
+# AB_PARITY=1: the 4-layer parity under each experiment too (for one that is not stock's bits).
 # Needs .xtask/device/ carried (bench/README.md) with vendor-tests.tar.xz: the vendor tests built on
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
 # packed with `tar -cf - test-* | xz -9 -T1` (gemv-bench beside them, bench/tools/gemv-bench.cu
@@ -40,11 +41,12 @@ profile() {  # NAME [ENV=VALUE ...]: cargo xtask profile under the settings, its
     say "profile $name: $(grep -E 'kernels per step|GPU busy' "$out/profile-$name.log" | tr -s ' ' | tr '\n' ' ')"
 }
 
-parity() {  # MODEL
-    local log
-    log="$out/parity-$(basename "$1" .gguf).log"
-    "$xtask" parity --model "$1" --arch 90a > "$log" 2>&1
-    say "parity $(basename "$1"): $(grep -E '^\| overlay vs stock' "$log") $(tail -1 "$log")"
+parity() {  # MODEL [NAME ENV=VALUE ...]: cargo xtask parity, under the settings when given
+    local model=$1 name=${2:-} log
+    shift $(( $# < 2 ? $# : 2 ))
+    log="$out/parity-$(basename "$model" .gguf)${name:+-$name}.log"
+    env "$@" "$xtask" parity --model "$model" --arch 90a > "$log" 2>&1
+    say "parity $(basename "$model")${name:+ ($*)}: $(grep -E '^\| overlay vs stock' "$log") $(tail -1 "$log")"
 }
 
 bench_and_parity() {  # bench of stock, the default and the experiments interleaved; 4-layer parity
@@ -58,6 +60,12 @@ bench_and_parity() {  # bench of stock, the default and the experiments interlea
     local small=/tmp/models/qwen36-l4-e8.gguf
     "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" > /dev/null 2>&1
     parity "$small"
+    if [ "${AB_PARITY:-0}" = 1 ]; then
+        for i in "${!experiments[@]}"; do
+            read -r -a ab <<< "${experiments[$i]}"
+            parity "$small" "ab$i" "${ab[@]}"
+        done
+    fi
 }
 
 case $phase in

@@ -1,15 +1,7 @@
 #include "attn-decode.cuh"
 
 #include "window-util.cuh"
-#include "../counters.cuh"
-#include "../diagnostics.cuh"
 #include "decode-attention.cuh"
-#include "fattn.cuh"
-
-#include <algorithm>
-#include <cstdio>
-#include <cstring>
-
 
 static bool aligned16(const ggml_tensor * t) {
     return t->nb[0] == sizeof(ggml_fp16_t) && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && (uintptr_t) t->data % 16 == 0;
@@ -31,8 +23,8 @@ static const char * attn_decode_miss(const ggml_tensor * fa) {
     if (const char * why = frt_attn_decode_unsupported((int) d, (int) heads, (int) heads_kv, (int) n_q, (int) n_kv)) {
         return why;
     }
-    if (heads_kv > flashrt_counters_size(flashrt_counter_use::attn_decode)) {
-        return "more than 64 key/value heads";
+    if (heads_kv > 65535) {
+        return "more than 65535 key/value heads (the launch's grid)";
     }
     if (q->nb[0] != sizeof(float) || q->nb[1] % sizeof(float) != 0 || q->nb[2] % sizeof(float) != 0) {
         return "Q's columns not contiguous floats";
@@ -61,14 +53,6 @@ flashrt_match flashrt_match_attn_decode(const ggml_cgraph * cgraph, int i) {
     return flashrt_hit(1);
 }
 
-void flashrt_prepare_attn_decode(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
-                                 const flashrt_match & m) {
-    GGML_UNUSED(cgraph);
-    GGML_UNUSED(i);
-    GGML_UNUSED(m);
-    flashrt_counters_prepare(ctx);  // without them stock's flash attention runs
-}
-
 void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
     GGML_UNUSED(m);
     ggml_tensor *       fa = cgraph->nodes[i];  // the match accepted it
@@ -79,15 +63,6 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     a.heads    = (int) q->ne[2];
     a.n_kv     = (int) k->ne[1];
     a.heads_kv = (int) k->ne[2];
-    a.counters = flashrt_counters_of(ctx, flashrt_counter_use::attn_decode);
-    if (a.counters == nullptr) {  // a capture no direct evaluation prepared
-        if (flashrt_debug_enabled()) {
-            std::fprintf(stderr, "FlashRT: ATTN_DECODE at node %d (%s): stock's flash attention: no counters yet\n", i,
-                         fa->name);
-        }
-        ggml_cuda_flash_attn_ext(ctx, fa);
-        return;
-    }
     a.q         = (const float *) q->data;
     a.q_token   = q->nb[1] / sizeof(float);
     a.q_head    = q->nb[2] / sizeof(float);
@@ -103,7 +78,5 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     a.out_head  = fa->nb[1] / sizeof(float);
     a.out_token = fa->nb[2] / sizeof(float);
     a.scale     = flashrt_op_param_f32(fa, 0);
-    ggml_cuda_pool_alloc<float> partial(ctx.pool(), std::max<int64_t>(1, frt_attn_decode_partial_floats(a)));
-    a.partial = partial.get();
     CUDA_CHECK(frt_attn_decode(a, ctx.stream()));
 }

@@ -2,10 +2,17 @@
 #include "pdl.cuh"
 
 #include <cmath>
+#include <cooperative_groups.h>
+#include <mutex>
 
-constexpr int decode_threads = 256;
-constexpr int decode_warps   = decode_threads / 32;
-constexpr int decode_cells   = FRT_ATTN_DECODE_CELLS;  // one cell a lane in the scores
+namespace cg = cooperative_groups;
+
+constexpr int decode_threads     = 256;
+constexpr int decode_warps       = decode_threads / 32;
+constexpr int decode_split       = FRT_ATTN_DECODE_SPLIT;
+constexpr int decode_cells_lane  = FRT_ATTN_DECODE_MAX_KV / FRT_ATTN_DECODE_SPLIT / 32;  // cells a lane scores
+constexpr int decode_max_devices = 16;
+static_assert(FRT_ATTN_DECODE_MAX_KV % (32 * FRT_ATTN_DECODE_SPLIT) == 0, "a block's cells fill whole warps");
 
 static __device__ __forceinline__ float decode_warp_max(float x) {
 #pragma unroll
@@ -23,156 +30,209 @@ static __device__ __forceinline__ float decode_warp_sum(float x) {
     return x;
 }
 
-// Block (b, g): cells [32 b, 32 b + 32) of key/value head g, for every query token and every query
-// head of g (a warp a pair at a time). K's rows are padded by 16 bytes in shared memory so that 32
-// lanes reading 32 rows at one column hit distinct banks.
+static __device__ __forceinline__ void decode_cp_async16(void * dst, const void * src) {
+    const unsigned dst_shared = (unsigned) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst_shared), "l"(src) : "memory");
+}
+
+// E consecutive halves (E = 2, 4 or 8: 4, 8 or 16 aligned bytes) as floats.
+template <int E> static __device__ __forceinline__ void decode_load_halves(const __half * p, float (&f)[E]) {
+    static_assert(E == 2 || E == 4 || E == 8, "a lane's dims");
+    if constexpr (E == 8) {
+        const uint4     raw = *(const uint4 *) p;
+        const __half2 * h2  = (const __half2 *) &raw;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 v = __half22float2(h2[i]);
+            f[2 * i] = v.x, f[2 * i + 1] = v.y;
+        }
+    } else if constexpr (E == 4) {
+        const uint2     raw = *(const uint2 *) p;
+        const __half2 * h2  = (const __half2 *) &raw;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float2 v = __half22float2(h2[i]);
+            f[2 * i] = v.x, f[2 * i + 1] = v.y;
+        }
+    } else {
+        const float2 v = __half22float2(*(const __half2 *) p);
+        f[0] = v.x, f[1] = v.y;
+    }
+}
+
+// Shared memory of a block, in floats' worth of bytes: K rows padded by 16 bytes (lanes reading
+// rows lane, lane + 32, ... at one column then hit distinct banks), V rows, a query row a warp,
+// the partial softmax of each query row (max, sum, 2 floats of padding, weighted V).
+static size_t decode_smem_bytes(int d, int cells, int pairs) {
+    return (size_t) cells * (d + 8) * sizeof(__half) + (size_t) cells * d * sizeof(__half) +
+           (size_t) decode_warps * d * sizeof(float) + (size_t) pairs * (d + 4) * sizeof(float);
+}
+
+// Cluster (r, g) of SPLIT blocks: block r scores the cells [r * cells, (r + 1) * cells) of key/value
+// head g for every query row of g (token t, query head h), a warp a row at a time; then, after the
+// cluster barrier, combines rows r, r + SPLIT, ... from the partials of all SPLIT blocks.
 template <int D>
 static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(const frt_attn_decode_args a) {
-    constexpr int E    = D / 32;  // output dims a lane
-    constexpr int KPAD = D + 8;
-    __shared__ __align__(16) __half k_s[decode_cells * KPAD];
-    __shared__ __align__(16) __half v_s[decode_cells * D];
-    __shared__ __align__(16) float  q_s[decode_warps][D];
-    __shared__ bool                 last;
+    constexpr int E = D / 32, KPAD = D + 8, PS = D + 4;
+    extern __shared__ __align__(16) uint8_t smem[];
+    cg::cluster_group cluster = cg::this_cluster();
 
-    const int b = blockIdx.x, g = blockIdx.y, n_blocks = gridDim.x;
+    const int r = (int) cluster.block_rank(), g = blockIdx.y;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int gqa = a.heads / a.heads_kv, pairs = gqa * a.n_q;
-    const int c0 = b * decode_cells, n_cells = min(decode_cells, a.n_kv - c0);
+    const int cells = frt_attn_decode_cells_a_block(a.n_kv);
+    const int c0 = r * cells, n_cells = max(0, min(cells, a.n_kv - c0));
+    __half *  k_s  = (__half *) smem;
+    __half *  v_s  = k_s + (size_t) cells * KPAD;
+    float *   q_s  = (float *) (v_s + (size_t) cells * D) + warp * D;  // this warp's query row
+    float *   part = (float *) (v_s + (size_t) cells * D) + decode_warps * D;
 
     // Everything read here is written by earlier kernels (the cache rows of this step included).
     frt_pdl_wait();
     frt_pdl_launch_dependents();
 
-    // K and V rows of the block's cells, 16 bytes a copy; cells past n_kv are zeros.
+    // The block's K and V rows, 16 bytes a copy, all in flight at once; each warp's first query row
+    // loads meanwhile.
     constexpr int units = D / 8;
-    for (int u = threadIdx.x; u < decode_cells * units; u += decode_threads) {
+    for (int u = threadIdx.x; u < n_cells * units; u += decode_threads) {
         const int c = u / units, x = u % units;
-        uint4     kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-        if (c < n_cells) {
-            kv = *(const uint4 *) (a.k + (int64_t) (c0 + c) * a.k_cell + (int64_t) g * a.k_head + 8 * x);
-            vv = *(const uint4 *) (a.v + (int64_t) (c0 + c) * a.v_cell + (int64_t) g * a.v_head + 8 * x);
-        }
-        *(uint4 *) (k_s + c * KPAD + 8 * x) = kv;
-        *(uint4 *) (v_s + c * D + 8 * x)    = vv;
+        decode_cp_async16(k_s + c * KPAD + 8 * x, a.k + (int64_t) (c0 + c) * a.k_cell + (int64_t) g * a.k_head + 8 * x);
+        decode_cp_async16(v_s + c * D + 8 * x, a.v + (int64_t) (c0 + c) * a.v_cell + (int64_t) g * a.v_head + 8 * x);
     }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    const auto load_q = [&](int p) {
+        const int     t = p / gqa, h = g * gqa + p % gqa;
+        const float * q = a.q + (int64_t) t * a.q_token + (int64_t) h * a.q_head;
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            q_s[lane + 32 * i] = q[lane + 32 * i];
+        }
+    };
+    // The mask of lane l's cells for query token t (0 without a mask; cells past the block's: -inf).
+    float      mk[decode_cells_lane];
+    const auto load_mask = [&](int t) {
+#pragma unroll
+        for (int j = 0; j < decode_cells_lane; ++j) {
+            const int c = lane + 32 * j;
+            mk[j]       = c >= n_cells      ? -INFINITY :
+                          a.mask != nullptr ? __half2float(a.mask[(int64_t) t * a.mask_row + c0 + c]) :
+                                              0.0f;
+        }
+    };
+    if (warp < pairs) {
+        load_q(warp);
+        load_mask(warp / gqa);
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
 
     for (int p = warp; p < pairs; p += decode_warps) {
-        const int t = p / gqa, h = g * gqa + p % gqa;
-        const float * q = a.q + (int64_t) t * a.q_token + (int64_t) h * a.q_head;
-        for (int i = lane; i < D; i += 32) {
-            q_s[warp][i] = q[i];
+        if (p != warp) {
+            __syncwarp();  // the previous row's reads of q_s are done
+            load_q(p);
+            load_mask(p / gqa);
         }
         __syncwarp();
-        // Lane l: the score of cell c0 + l.
-        float dot = 0.0f;
+        // Lane l scores cells l, l + 32, ... of the block; a hidden cell's score is -inf whatever
+        // its row holds (NaN * anything stays NaN), and its dot is never formed.
+        float s[decode_cells_lane];
+        float m = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < decode_cells_lane; ++j) {
+            const int c = lane + 32 * j;
+            s[j]        = -INFINITY;
+            if (mk[j] != -INFINITY) {
+                float dot = 0.0f;
 #pragma unroll 4
-        for (int i = 0; i < D; i += 8) {
-            const uint4    raw = *(const uint4 *) (k_s + lane * KPAD + i);
-            const __half2 * k2 = (const __half2 *) &raw;
-            const float4   qa  = *(const float4 *) (&q_s[warp][i]);
-            const float4   qb  = *(const float4 *) (&q_s[warp][i + 4]);
-            const float2   k0 = __half22float2(k2[0]), k1 = __half22float2(k2[1]);
-            const float2   k2f = __half22float2(k2[2]), k3 = __half22float2(k2[3]);
-            dot += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y;
-            dot += qb.x * k2f.x + qb.y * k2f.y + qb.z * k3.x + qb.w * k3.y;
+                for (int i = 0; i < D; i += 8) {
+                    float        kf[8];
+                    const float4 qa = *(const float4 *) (q_s + i);
+                    const float4 qb = *(const float4 *) (q_s + i + 4);
+                    decode_load_halves<8>(k_s + c * KPAD + i, kf);
+                    dot += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3];
+                    dot += qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                }
+                s[j] = dot * a.scale + mk[j];
+            }
+            m = fmaxf(m, s[j]);
         }
-        // A hidden cell's score is -inf whatever its row holds (NaN * anything stays NaN).
-        float s = -INFINITY;
-        if (lane < n_cells) {
-            const float mk = a.mask != nullptr ? __half2float(a.mask[(int64_t) t * a.mask_row + c0 + lane]) : 0.0f;
-            s              = mk == -INFINITY ? -INFINITY : dot * a.scale + mk;
-        }
-        const float m   = decode_warp_max(s);
-        const float e   = m == -INFINITY ? 0.0f : expf(s - m);
-        const float sum = decode_warp_sum(e);
-        float       o[E];
+        m = decode_warp_max(m);
+        float e[decode_cells_lane];
+        float l = 0.0f;
 #pragma unroll
-        for (int j = 0; j < E; ++j) {
-            o[j] = 0.0f;
+        for (int j = 0; j < decode_cells_lane; ++j) {
+            e[j] = m == -INFINITY || s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
+            l += e[j];
         }
-        for (int c = 0; c < n_cells; ++c) {
-            const float w = __shfl_sync(0xffffffff, e, c, 32);
-            if (w == 0.0f) {
-                continue;  // masked: its row may hold anything, even NaN
-            }
-#pragma unroll
-            for (int j = 0; j < E; ++j) {
-                o[j] += w * __half2float(v_s[c * D + lane * E + j]);
-            }
-        }
-        if (n_blocks == 1) {
-            float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
-#pragma unroll
-            for (int j = 0; j < E; ++j) {
-                out[j] = sum > 0.0f ? o[j] / sum : 0.0f;
-            }
-        } else {
-            float * part = a.partial + (((int64_t) b * a.heads + h) * a.n_q + t) * (D + 2);
-            if (lane == 0) {
-                part[0] = m;
-                part[1] = sum;
-            }
-#pragma unroll
-            for (int j = 0; j < E; ++j) {
-                part[2 + lane * E + j] = o[j];
-            }
-        }
-        __syncwarp();  // q_s[warp] is rewritten by the next pair
-    }
-    if (n_blocks == 1) {
-        return;
-    }
-
-    // The last block of head g to finish combines the partials of every block.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(&a.counters[g], 1u) == (unsigned) n_blocks - 1;
-        if (last) {
-            a.counters[g] = 0;  // every block of this launch has counted: ready for the next one
-        }
-    }
-    __syncthreads();
-    if (!last) {
-        return;
-    }
-    __threadfence();
-    for (int p = warp; p < pairs; p += decode_warps) {
-        const int     t = p / gqa, h = g * gqa + p % gqa;
-        const int64_t stride = (int64_t) a.heads * a.n_q * (D + 2);  // from one block's partials to the next
-        const float * part0  = a.partial + ((int64_t) h * a.n_q + t) * (D + 2);
-        float         m = -INFINITY;
-        for (int i = lane; i < n_blocks; i += 32) {
-            m = fmaxf(m, __ldcg(part0 + i * stride));
-        }
-        m           = decode_warp_max(m);
-        float sum   = 0.0f;
+        l = decode_warp_sum(l);
+        // Lane l: the weighted V of dims [l * E, l * E + E).
         float o[E];
 #pragma unroll
-        for (int j = 0; j < E; ++j) {
-            o[j] = 0.0f;
+        for (int i = 0; i < E; ++i) {
+            o[i] = 0.0f;
         }
-        for (int i = 0; i < n_blocks; ++i) {
-            const float * part = part0 + i * stride;
-            const float   mi   = __ldcg(part);
-            if (mi == -INFINITY) {
-                continue;  // every cell of that block masked
-            }
-            const float w = expf(mi - m);
-            sum += w * __ldcg(part + 1);
 #pragma unroll
-            for (int j = 0; j < E; ++j) {
-                o[j] += w * __ldcg(part + 2 + lane * E + j);
+        for (int j = 0; j < decode_cells_lane; ++j) {
+            for (int cc = 0; cc < 32 && 32 * j + cc < n_cells; ++cc) {
+                const float w = __shfl_sync(0xffffffff, e[j], cc, 32);
+                if (w == 0.0f) {
+                    continue;  // hidden: its row may hold anything, even NaN
+                }
+                float vf[E];
+                decode_load_halves<E>(v_s + (32 * j + cc) * D + lane * E, vf);
+#pragma unroll
+                for (int i = 0; i < E; ++i) {
+                    o[i] += w * vf[i];
+                }
+            }
+        }
+        float * pp = part + p * PS;
+        if (lane == 0) {
+            pp[0] = m;
+            pp[1] = l;
+        }
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            pp[4 + lane * E + i] = o[i];
+        }
+    }
+
+    // Every block's partials are written (and, with the cluster barrier's release and acquire,
+    // visible to the cluster).
+    cluster.sync();
+    for (int p = r + decode_split * warp; p < pairs; p += decode_split * decode_warps) {
+        const int t = p / gqa, h = g * gqa + p % gqa;
+        float     mi = -INFINITY, li = 0.0f;
+        if (lane < decode_split) {
+            const float * rp = cluster.map_shared_rank(part, lane) + p * PS;
+            mi               = rp[0];
+            li               = rp[1];
+        }
+        const float mx = decode_warp_max(mi);
+        const float wi = mi == -INFINITY ? 0.0f : expf(mi - mx);
+        const float sum = decode_warp_sum(wi * li);
+        float       o[E];
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            o[i] = 0.0f;
+        }
+        // A block with no visible cell wrote zeros, so every partial is read (one round of loads).
+#pragma unroll
+        for (int b = 0; b < decode_split; ++b) {
+            const float   w  = __shfl_sync(0xffffffff, wi, b, 32);
+            const float * rp = cluster.map_shared_rank(part, b) + p * PS + 4 + lane * E;
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                o[i] += w * rp[i];
             }
         }
         float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
 #pragma unroll
-        for (int j = 0; j < E; ++j) {
-            out[j] = sum > 0.0f ? o[j] / sum : 0.0f;
+        for (int i = 0; i < E; ++i) {
+            out[i] = sum > 0.0f ? o[i] / sum : 0.0f;
         }
     }
+    cluster.sync();  // no block leaves while another still reads its partials
 }
 
 const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv) {
@@ -191,18 +251,56 @@ const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q
     return nullptr;
 }
 
+// The kernel's shared memory may exceed the 48 KB default: allowed once per device and head size.
+template <int D> static cudaError_t decode_allow_smem(size_t bytes) {
+    static std::once_flag once[decode_max_devices];
+    static cudaError_t    result[decode_max_devices];
+    const size_t          most = decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS);
+    const auto            set  = [most] {
+        return cudaFuncSetAttribute(frt_attn_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) most);
+    };
+    if (bytes <= 48 * 1024) {
+        return cudaSuccess;
+    }
+    int         device = 0;
+    cudaError_t err    = cudaGetDevice(&device);
+    if (err != cudaSuccess || device < 0 || device >= decode_max_devices) {
+        return err != cudaSuccess ? err : set();
+    }
+    std::call_once(once[device], [&] { result[device] = set(); });
+    return result[device];
+}
+
+template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, cudaStream_t stream) {
+    const size_t      smem = decode_smem_bytes(D, frt_attn_decode_cells_a_block(a.n_kv), a.n_q * (a.heads / a.heads_kv));
+    const cudaError_t err  = decode_allow_smem<D>(smem);
+    if (err != cudaSuccess) {
+        return err;
+    }
+    cudaLaunchAttribute attrs[2]          = {};
+    attrs[0].id                           = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x             = decode_split;
+    attrs[0].val.clusterDim.y             = 1;
+    attrs[0].val.clusterDim.z             = 1;
+    attrs[1].id                           = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg                = {};
+    cfg.gridDim                           = dim3(decode_split, a.heads_kv);
+    cfg.blockDim                          = dim3(decode_threads);
+    cfg.dynamicSmemBytes                  = smem;
+    cfg.stream                            = stream;
+    cfg.attrs                             = attrs;
+    cfg.numAttrs                          = frt_pdl_enabled() ? 2 : 1;
+    return cudaLaunchKernelEx(&cfg, frt_attn_decode_kernel<D>, a);
+}
+
 cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream) {
-    if (frt_attn_decode_unsupported(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv) != nullptr ||
-        (frt_attn_decode_blocks(a.n_kv) > 1 && (a.partial == nullptr || a.counters == nullptr))) {
+    if (frt_attn_decode_unsupported(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv) != nullptr) {
         return cudaErrorInvalidValue;
     }
-    const dim3 grid(frt_attn_decode_blocks(a.n_kv), a.heads_kv);
     switch (a.d) {
-        case 64:
-            return frt_launch(frt_attn_decode_kernel<64>, grid, dim3(decode_threads), 0, stream, a);
-        case 128:
-            return frt_launch(frt_attn_decode_kernel<128>, grid, dim3(decode_threads), 0, stream, a);
-        default:
-            return frt_launch(frt_attn_decode_kernel<256>, grid, dim3(decode_threads), 0, stream, a);
+        case 64:  return decode_launch<64>(a, stream);
+        case 128: return decode_launch<128>(a, stream);
+        default:  return decode_launch<256>(a, stream);
     }
 }

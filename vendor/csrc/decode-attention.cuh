@@ -3,10 +3,13 @@
 // Attention of a decode step over a short F16 cache, in one kernel: for each query token t and
 // query head h (key/value head h / (heads / heads_kv)),
 //   out[t][h] = softmax_c(scale * q[t][h] . k[c] + mask[t][c]) . v[c]      over cells c < n_kv
-// Blocks split the cells 32 a block; each block keeps its partial softmax (max, sum, weighted V)
-// per query, and the last block of a key/value head to finish (a counter in global memory,
-// left at zero) combines them. Scores, softmax and sums in float from F16 K and V; not stock's
-// order of summation (stock's flash attention is not bit-stable across its own kernels either).
+// One thread-block cluster of FRT_ATTN_DECODE_SPLIT blocks a key/value head: block r takes the
+// r-th run of cells (at most 128), copies their K and V rows into shared memory in one go, and
+// keeps a partial softmax (max, sum, weighted V) per query row of the head; after a cluster
+// barrier block r combines query rows r, r + SPLIT, ... from every block's shared memory. No
+// scratch in global memory, no counters, no second kernel. Scores, softmax and sums in float from
+// F16 K and V; not stock's order of summation (stock's flash attention is not bit-stable across
+// its own kernels either).
 //
 // Plain pointers and strides (elements), no ggml types. out must not overlap any input.
 
@@ -15,8 +18,8 @@
 #include <cuda_runtime.h>
 
 constexpr int FRT_ATTN_DECODE_MAX_TOKENS = 8;
-constexpr int FRT_ATTN_DECODE_CELLS      = 32;    // cells a block
-constexpr int FRT_ATTN_DECODE_MAX_KV     = 1024;  // longer caches: more blocks than this kernel's combine suits
+constexpr int FRT_ATTN_DECODE_SPLIT      = 8;     // blocks a key/value head (a portable cluster)
+constexpr int FRT_ATTN_DECODE_MAX_KV     = 1024;  // 128 cells a block; longer caches: stock's split kernels
 constexpr int FRT_ATTN_DECODE_MAX_PAIRS  = 64;    // query tokens x query heads of one key/value head
 
 struct frt_attn_decode_args {
@@ -37,19 +40,11 @@ struct frt_attn_decode_args {
     float *        out;  // head h of token t: out + t*out_token + h*out_head, d floats
     int64_t        out_token, out_head;
     float          scale;
-
-    float *    partial;   // frt_attn_decode_partial_floats(...) floats of scratch
-    unsigned * counters;  // heads_kv counters, zero before the first launch (each launch leaves them zero)
 };
 
-// Blocks of one key/value head.
-inline int frt_attn_decode_blocks(int n_kv) {
-    return (n_kv + FRT_ATTN_DECODE_CELLS - 1) / FRT_ATTN_DECODE_CELLS;
-}
-
-// Scratch floats the partial results take: blocks x heads x n_q x (d + 2).
-inline int64_t frt_attn_decode_partial_floats(const frt_attn_decode_args & a) {
-    return (int64_t) frt_attn_decode_blocks(a.n_kv) * a.heads * a.n_q * (a.d + 2);
+// Cells a block of the cluster takes.
+__host__ __device__ inline int frt_attn_decode_cells_a_block(int n_kv) {
+    return (n_kv + FRT_ATTN_DECODE_SPLIT - 1) / FRT_ATTN_DECODE_SPLIT;
 }
 
 // Whether the kernel takes this shape (nullptr) or why not.

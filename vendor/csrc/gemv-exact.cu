@@ -470,13 +470,19 @@ static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int
     }
 }
 
+// A hook that does nothing (exact_prologue's default).
+struct exact_no_hook {
+    __device__ void operator()() const {}
+};
+
 // After the wait for the previous kernel: x into shared memory, normed first when the launch has a
 // norm, then quantized as stock's quantize_q8_1 does (and/or kept in float for F32 rows). Only the
 // block's vector `vec` (or its segment's own input), unless the launch keeps the normed vectors
 // (block 0 writes them all).
-// Returns where vec is among the vectors in shared memory. after_loads runs once x's first values
-// are loaded: after the norm's sums, else gemv_prologue_x's hook.
-template <typename HOOK = gemv_no_hook>
+// Returns where vec is among the vectors in shared memory. after_loads runs once x's loads are in:
+// after the norm's sums, else after gemv_prologue_x (late staging issues its later copies there;
+// called in between, they made ptxas spill in the prologue).
+template <typename HOOK = exact_no_hook>
 static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem, const float * own_x,
                                      HOOK after_loads = {}) {
     const bool       all   = p.x_out != nullptr;
@@ -489,12 +495,10 @@ static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * 
     }
     const gemv_x_in in = { x,        p.norm,   p.x_stride, p.eps, p.k, n, p.need_q8, p.need_f32,
                            blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride, norm_scales };
-    if (p.norm != nullptr) {
-        gemv_prologue_x<kExactThreads>(in, (int8_t *) smem, (uint2 *) (smem + p.smem_xm),
-                                       (float *) (smem + p.smem_xf), threadIdx.x, 0);
-    } else {
-        gemv_prologue_x<kExactThreads>(in, (int8_t *) smem, (uint2 *) (smem + p.smem_xm),
-                                       (float *) (smem + p.smem_xf), threadIdx.x, 0, after_loads);
+    gemv_prologue_x<kExactThreads>(in, (int8_t *) smem, (uint2 *) (smem + p.smem_xm), (float *) (smem + p.smem_xf),
+                                   threadIdx.x, 0);
+    if (p.norm == nullptr) {
+        after_loads();  // x is in: one round of loads, quantized
     }
     __syncthreads();
     frt_pdl_launch_dependents();

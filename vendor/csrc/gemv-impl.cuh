@@ -926,17 +926,9 @@ struct gemv_x_in {
     const float * scale = nullptr;
 };
 
-// A prologue hook that does nothing (gemv_prologue_x's default).
-struct gemv_no_hook {
-    __device__ void operator()() const {}
-};
-
-// after_loads runs once in every thread, right after its first chunks of x are loaded (the exact
-// kernel's late staging issues its remaining weight copies there, behind x's loads instead of
-// ahead of them).
-template <int THREADS, typename HOOK = gemv_no_hook>
+template <int THREADS>
 static __device__ void gemv_prologue_x(const gemv_x_in & p, int8_t * xq, uint2 * xm, float * xf, int tid,
-                                       int barrier, HOOK after_loads = {}) {
+                                       int barrier) {
     constexpr int kW   = THREADS / 32;
     const int     lane = tid % 32, warp = tid / 32;
     const int     k4   = p.k / 4;
@@ -980,9 +972,6 @@ static __device__ void gemv_prologue_x(const gemv_x_in & p, int8_t * xq, uint2 *
             if (i < total) {
                 xs[j] = ((const float4 *) (p.x + (i / k4) * p.x_stride))[i % k4];
             }
-        }
-        if (i0 == tid) {
-            after_loads();
         }
 #pragma unroll
         for (int j = 0; j < kPrologueLoads; ++j) {
@@ -1039,9 +1028,6 @@ static __device__ void gemv_prologue_x(const gemv_x_in & p, int8_t * xq, uint2 *
                 }
             }
         }
-    }
-    if (tid >= total) {
-        after_loads();  // a thread with no chunk of x
     }
 }
 
