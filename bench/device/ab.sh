@@ -17,7 +17,8 @@
 # Needs .xtask/device/ carried (bench/README.md) with vendor-tests.tar.xz: the vendor tests built on
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
 # packed with `tar -cf - test-* | xz -9 -T1` (gemv-bench beside them, bench/tools/gemv-bench.cu
-# linked the same way, adds its exact-kernel rows under each setting).
+# linked the same way, adds its exact-kernel rows under each setting; fifo-probe, from
+# bench/tools/fifo-probe.cu, its table).
 # Usage (device, repository root): AB="..." [BENCH=0] bench/device/ab.sh check|bench|compare; a short
 # table last, every file in $OUT/all.tgz.
 set -uo pipefail
@@ -86,6 +87,11 @@ check)
             say "$(basename "$t") (${ab[*]}): $(tail -1 "$out/$(basename "$t")-ab$i.txt")"
         done
     done
+    # fifo-probe, when packed with the tests: whether an SM serves its copies in flight in order.
+    if [ -x /tmp/vendor-tests/fifo-probe ]; then
+        /tmp/vendor-tests/fifo-probe > "$out/fifo-probe.md" 2>&1
+        grep -E '^\| [0-9]' "$out/fifo-probe.md" | while read -r line; do say "fifo-probe $line"; done
+    fi
     # gemv-bench, when packed with the tests: the exact kernel at every decode shape, 1 token, under
     # the default and each experiment (gemv-bench-*.md).
     if [ -x /tmp/vendor-tests/gemv-bench ]; then

@@ -628,9 +628,9 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
 // LATE (CHUNKS > 1): the norm's weights are prefetched first, only the first group is copied
-// there; the later groups are issued in the prologue once x's first loads are in (exact_prologue's
-// hook). An SM's copies in flight are served
-// in order, so a block that queues all its rows first receives x only behind them, and its
+// there; the later groups are issued in the prologue once x's loads are in (exact_prologue's
+// hook). The reading behind it (docs/perf-notes.md, fifteenth session): an SM serves its copies in
+// flight in order, so a block that queues all its rows first receives x only behind them, and its
 // prologue and products then follow the whole copy instead of overlapping it.
 template <int TYPE, bool STAGED, bool GLU, int CHUNKS, bool LATE = false>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
