@@ -1,6 +1,8 @@
 #include "gdn-decode.cuh"
 #include "pdl.cuh"
 
+#include <cstdlib>
+
 constexpr int head_dim     = FRT_GDN_HEAD_DIM;
 constexpr int max_seqs     = FRT_GDN_MAX_SEQS;
 constexpr int conv_taps    = 4;
@@ -332,17 +334,25 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt
 // writes, so no state needs copying aside. Same expressions and sum orders as prep and recur.
 // early: the dependents may start now (frt_pdl_early_dependents) instead of after the state
 // update; their wait covers every write.
+// CLUSTER: the value heads sharing a key head run as one thread-block cluster (block b: sharer
+// b % sharing of key head b / sharing), and every block computes that key head's q and k itself
+// instead of waiting for the first one's through the scratch and a flag; the first still alone
+// writes their conv state, once every block of the cluster has read the old one (a cluster
+// barrier: arrive after the reads, wait before the writes).
+template <bool CLUSTER>
 static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const frt_gdn_decode_args a, bool early) {
     if (early) {
         frt_pdl_launch_dependents();
     }
-    const int  h        = blockIdx.x;
+    const int  sharing  = a.v_heads / a.k_heads;  // value heads reading one key head
+    const int  h        = CLUSTER ? (blockIdx.x % sharing) * a.k_heads + blockIdx.x / sharing : blockIdx.x;
     const int  lane     = threadIdx.x;
     const int  warp     = threadIdx.y;
     const int  t        = warp * 32 + lane;
     const int  kh       = h % a.k_heads;
-    const bool producer = h < a.k_heads;  // computes q and k of key head h
-    const int  sharers  = a.v_heads / a.k_heads - 1;  // other value heads reading key head kh
+    const bool writer   = h < a.k_heads;          // writes key head kh's q and k conv state
+    const bool producer = CLUSTER || writer;      // computes q and k of key head kh
+    const int  sharers  = CLUSTER ? 0 : sharing - 1;  // value heads handed q and k through the scratch
 
     __shared__ float qk[2][head_dim];  // the key head's q and k, normalised
     __shared__ float v[head_dim];
@@ -373,6 +383,9 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
             x[j] = old[j];
         }
     }
+    if (CLUSTER) {  // the own row's old conv columns are read (the writer waits for every block's)
+        asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    }
     // Weights nothing on the stream writes before the wait, others after it.
     const auto load_weights = [&]() {
         if (c >= 0) {
@@ -391,6 +404,9 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
     }
     const float z = warp < 4 ? a.z[h * a.z_head + warp * 32 + lane] : 0.0f;
 
+    if (CLUSTER && writer) {
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    }
     float y = 0.0f;
     if (c >= 0) {
         if (row != a.dst_row) {
@@ -401,10 +417,12 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
             }
         }
         x[conv_taps - 1] = a.qkv[c];
-        float * next     = a.conv_state + a.dst_row * a.conv_row + c * (conv_taps - 1);
+        if (t < head_dim || writer) {  // q and k: the key head's first value head alone
+            float * next = a.conv_state + a.dst_row * a.conv_row + c * (conv_taps - 1);
 #pragma unroll
-        for (int j = 0; j < conv_taps - 1; ++j) {
-            next[j] = x[j + 1];
+            for (int j = 0; j < conv_taps - 1; ++j) {
+                next[j] = x[j + 1];
+            }
         }
         y = gdn_conv_silu(x, w);
         if (t < head_dim) {
@@ -459,6 +477,19 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
     }
     __syncthreads();
     gdn_head_step(a, h, 0, state, dst, qk[0], qk[1], v, expf(gates[0]), gates[1], z, norm_w, attn, warp_sums);
+    if (CLUSTER && !writer) {  // the arrival's wait, before the block leaves
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    }
+}
+
+// Whether the one-sequence launch runs as clusters (frt_gdn_single_kernel's CLUSTER):
+// GGML_FLASHRT_GDN_CLUSTER=1, an experiment until measured in decode.
+static bool gdn_cluster_enabled() {
+    static const bool on = [] {
+        const char * env = std::getenv("GGML_FLASHRT_GDN_CLUSTER");
+        return env != nullptr && std::atoi(env) == 1;
+    }();
+    return on;
 }
 
 cudaError_t frt_gdn_decode(const frt_gdn_decode_args & a, cudaStream_t stream) {
@@ -466,7 +497,25 @@ cudaError_t frt_gdn_decode(const frt_gdn_decode_args & a, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     }
     if (a.n_seqs == 1 && a.flags != nullptr) {
-        return frt_launch(frt_gdn_single_kernel, dim3(a.v_heads), dim3(32, 32), 0, stream, a, frt_pdl_early_dependents());
+        const int sharing = a.v_heads / a.k_heads;
+        if (gdn_cluster_enabled() && sharing >= 2 && sharing <= 8) {
+            cudaLaunchAttribute attrs[2]                        = {};
+            attrs[0].id                                         = cudaLaunchAttributeClusterDimension;
+            attrs[0].val.clusterDim.x                           = sharing;
+            attrs[0].val.clusterDim.y                           = 1;
+            attrs[0].val.clusterDim.z                           = 1;
+            attrs[1].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attrs[1].val.programmaticStreamSerializationAllowed = 1;
+            cudaLaunchConfig_t cfg                              = {};
+            cfg.gridDim                                         = dim3(a.v_heads);
+            cfg.blockDim                                        = dim3(32, 32);
+            cfg.stream                                          = stream;
+            cfg.attrs                                           = attrs;
+            cfg.numAttrs                                        = frt_pdl_enabled() ? 2 : 1;
+            return cudaLaunchKernelEx(&cfg, frt_gdn_single_kernel<true>, a, frt_pdl_early_dependents());
+        }
+        return frt_launch(frt_gdn_single_kernel<false>, dim3(a.v_heads), dim3(32, 32), 0, stream, a,
+                          frt_pdl_early_dependents());
     }
     const int   conv_blocks = 2 * a.k_heads + a.v_heads;
     cudaError_t err = frt_launch(frt_gdn_prep_kernel, dim3(conv_blocks + copy_blocks), dim3(head_dim), 0, stream, a);

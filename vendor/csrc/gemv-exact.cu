@@ -652,7 +652,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     // Rows go `together` at a time (a round); the staged rows in CHUNKS groups of whole rounds (the
     // last ones may be empty).
     const int     chunk_rows = ((n + together - 1) / together + CHUNKS - 1) / CHUNKS * together;
-    const auto    stage_groups = [&](int c_begin, int c_end) {
+    const auto    stage_groups = [&](int64_t base, int c_begin, int c_end) {  // base: the rows' offset
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
             if (c < c_begin || c >= c_end) {
@@ -660,9 +660,9 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             }
             const int64_t first = min(bytes, (int64_t) c * chunk_rows * s.row_stride);
             const int64_t last  = min(bytes, (int64_t) (c + 1) * chunk_rows * s.row_stride);
-            exact_copy(stage + first, s.w + off + first, last - first, s.stage_unit);
+            exact_copy(stage + first, s.w + base + first, last - first, s.stage_unit);
             if constexpr (glu) {
-                exact_copy(stage + bytes + first, s.w_gate + off + first, last - first, s.stage_unit);
+                exact_copy(stage + bytes + first, s.w_gate + base + first, last - first, s.stage_unit);
             }
             exact_cp_async_commit();
         }
@@ -672,10 +672,17 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     if (LATE) {
         exact_prefetch_norm(p);
     }
-    const bool valid = exact_wait_and_stage<STAGED, !GLU>(p, s, slot, off, [&]() { stage_groups(0, early); });
-    const auto late  = [&]() {
-        if (STAGED && valid) {
-            stage_groups(early, CHUNKS);
+    const bool valid = exact_wait_and_stage<STAGED, !GLU>(p, s, slot, off, [&]() { stage_groups(off, 0, early); });
+    // The later groups' offset through shared memory: kept in registers across the prologue, it
+    // made ptxas spill 140 bytes in the SwiGLU instance (16 as the default's this way).
+    __shared__ int64_t late_off;
+    if (LATE && threadIdx.x == 0) {
+        late_off = off;
+    }
+    const auto late = [&]() {
+        if (STAGED && valid) {  // the same in the whole block
+            __syncthreads();
+            stage_groups(late_off, early, CHUNKS);
         }
     };
     int at;
