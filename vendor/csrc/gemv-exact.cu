@@ -961,6 +961,19 @@ static bool exact_late(bool glu) {
     return late == 1 || (late == 2 && !glu);
 }
 
+// Rows a block of a launch of F32 rows only (the router's 256 rows and the shared expert's gate
+// vector): GGML_FLASHRT_EXACT_F32_ROWS=1 or 2 instead of the 4 or more of every launch (65 blocks
+// for the router: 2 MB staged by half the SMs, 32 KB a block ahead of x). An experiment until
+// measured in decode; 0: the default.
+static int exact_f32_rows() {
+    static const int rows = [] {
+        const char * env = std::getenv("GGML_FLASHRT_EXACT_F32_ROWS");
+        const int    n   = env != nullptr ? std::atoi(env) : 0;
+        return n == 1 || n == 2 ? n : 0;
+    }();
+    return rows;
+}
+
 // One instance of the kernel, with the shared memory it may use.
 template <auto KERNEL>
 static cudaError_t exact_launch(int device, int blocks, int smem, cudaStream_t stream, const exact_params & p) {
@@ -1079,9 +1092,12 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         }
         return sh;
     };
-    int rows = std::min(kExactMaxRows, std::max(4, ((total + wave - 1) / wave + 3) / 4 * 4));
+    // F32 rows alone go a warp a row: no multiple of 4 needed (exact_f32_rows).
+    const int min_rows = f32 && !q8 && exact_f32_rows() > 0 ? exact_f32_rows() : 4;
+    int       rows     = min_rows < 4 ? std::min(kExactMaxRows, std::max(min_rows, (total + wave - 1) / wave))
+                                      : std::min(kExactMaxRows, std::max(4, ((total + wave - 1) / wave + 3) / 4 * 4));
     if (main_width > 0) {  // as many as fit in shared memory with their sums
-        rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (copies * (main_width + kStockThreads * 4)) / 4 * 4));
+        rows = std::max(min_rows, std::min<int>(rows, (kMaxSmem - p.smem_part) / (copies * (main_width + kStockThreads * 4)) / 4 * 4));
     }
     exact_shape shape = shape_at(rows);
     // A launch a little over one wave (the experts' down projection with the shared expert's: 18432
