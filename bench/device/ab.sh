@@ -14,6 +14,8 @@
 # AB: the experiments' settings, e.g. AB="GGML_FLASHRT_HEAD_KERNEL=0": within one experiment
 # space-separated, experiments separated by ';' (AB="A=1;A=1 B=4"). ROUNDS: bench rounds (3).
 # AB_PARITY=1: the 4-layer parity under each experiment too (for one that is not stock's bits).
+# CASES_WITH="ENV=VALUE ...": check runs the FlashRT cases under these settings (beside the
+# default) instead of under each experiment.
 # Needs .xtask/device/ carried (bench/README.md) with vendor-tests.tar.xz: the vendor tests built on
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
 # packed with `tar -cf - test-* | xz -9 -T1` (gemv-bench beside them, bench/tools/gemv-bench.cu
@@ -121,19 +123,23 @@ PY
     fi
     wait $build || { tail -30 "$out/build.log"; say "build FAILED"; exit 1; }
     say "build: $(( $(date +%s) - start )) s"
-    settings=(default "${!experiments[@]}")
+    # The FlashRT cases under the default and each experiment, or (CASES_WITH) under one set of
+    # settings beside the default: several experiments together, when one run each does not fit.
+    case_settings=("${experiments[@]}")
+    [ -n "${CASES_WITH:-}" ] && case_settings=("$CASES_WITH")
+    settings=(default "${!case_settings[@]}")
     for s in "${settings[@]}"; do
         (
             for w in "${gemv_windows[@]}" SHEXP_GATE MOE_TAIL ATTN_ROPE MOE_TOPK ATTN_DECODE; do export "FRT_${w}_SWAP=1"; done
             if [ "$s" != default ]; then
-                read -r -a ab <<< "${experiments[$s]}"
+                read -r -a ab <<< "${case_settings[$s]}"
                 export "${ab[@]}"
             fi
             GGML_CUDA_FLASHRT_NO_CACHE=1 FRT_STATS=1 "$bin/test-backend-ops" test -b CUDA0 -o 'FLASHRT_.*' > "$out/tbo-$s.txt" 2>&1
         )
         grep -E "FAIL" "$out/tbo-$s.txt" | head -10
         label=default
-        [ "$s" != default ] && label=${experiments[$s]}
+        [ "$s" != default ] && label=${case_settings[$s]}
         say "FlashRT cases ($label): $(grep -m1 'tests passed' "$out/tbo-$s.txt" | xargs)"
     done
     wait $synth
