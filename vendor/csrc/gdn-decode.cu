@@ -362,12 +362,12 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
     __shared__ float warp_sums[4];
 
     // This thread's conv channel: v channel t of head h (t < 128); in a producer, q then k channel
-    // of key head h (128 <= t < 384).
+    // of key head kh (128 <= t < 384).
     int c = -1;
     if (t < head_dim) {
         c = (2 * a.k_heads + h) * head_dim + t;
     } else if (producer && t < 3 * head_dim) {
-        c = t < 2 * head_dim ? h * head_dim + (t - head_dim) : (a.k_heads + h) * head_dim + (t - 2 * head_dim);
+        c = t < 2 * head_dim ? kh * head_dim + (t - head_dim) : (a.k_heads + kh) * head_dim + (t - 2 * head_dim);
     }
 
     // Before the wait, as recur and prep: the state and conv columns of the own row, the weights.
@@ -452,13 +452,13 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
             const float val   = a.l2_scale * (scale * y);
             qk[g_qk][i]       = val;
             if (sharers > 0) {
-                shared_qk[(g_qk * a.k_heads + h) * head_dim + i] = val;
+                shared_qk[(g_qk * a.k_heads + kh) * head_dim + i] = val;
                 __threadfence();
             }
         }
         __syncthreads();
         if (sharers > 0 && t == 0) {
-            atomicExch(&a.flags[h], sharers);
+            atomicExch(&a.flags[kh], sharers);
         }
     } else {
         if (t == 0) {
