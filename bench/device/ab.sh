@@ -78,30 +78,33 @@ check)
     [ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1 &
     synth=$!
     tar -xJf .xtask/device/vendor-tests.tar.xz -C /tmp/vendor-tests
+    # Each run under a time limit: a kernel that hangs (a barrier never reached) must not take the
+    # call's whole device time with it.
     for t in /tmp/vendor-tests/test-*; do
-        "$t" > "$out/$(basename "$t").txt" 2>&1
+        timeout 180 "$t" > "$out/$(basename "$t").txt" 2>&1 || echo "(exit $?)" >> "$out/$(basename "$t").txt"
         grep -E "^FAIL" "$out/$(basename "$t").txt" | head -5
         say "$(basename "$t"): $(tail -1 "$out/$(basename "$t").txt")"
         for i in "${!experiments[@]}"; do
             read -r -a ab <<< "${experiments[$i]}"
-            env "${ab[@]}" "$t" > "$out/$(basename "$t")-ab$i.txt" 2>&1
+            timeout 180 env "${ab[@]}" "$t" > "$out/$(basename "$t")-ab$i.txt" 2>&1 ||
+                echo "(exit $?)" >> "$out/$(basename "$t")-ab$i.txt"
             grep -E "^FAIL" "$out/$(basename "$t")-ab$i.txt" | head -5
             say "$(basename "$t") (${ab[*]}): $(tail -1 "$out/$(basename "$t")-ab$i.txt")"
         done
     done
     # fifo-probe, when packed with the tests: whether an SM serves its copies in flight in order.
     if [ -x /tmp/vendor-tests/fifo-probe ]; then
-        /tmp/vendor-tests/fifo-probe > "$out/fifo-probe.md" 2>&1
+        timeout 120 /tmp/vendor-tests/fifo-probe > "$out/fifo-probe.md" 2>&1
         grep -E '^\| [0-9]' "$out/fifo-probe.md" | while read -r line; do say "fifo-probe $line"; done
     fi
     # gemv-bench, when packed with the tests: the exact kernel at every decode shape, 1 token, under
     # the default and each experiment (gemv-bench-*.md).
     if [ -x /tmp/vendor-tests/gemv-bench ]; then
-        /tmp/vendor-tests/gemv-bench "$out/gemv-bench-default.jsonl" --tokens 1 --impls frt-exact \
+        timeout 180 /tmp/vendor-tests/gemv-bench "$out/gemv-bench-default.jsonl" --tokens 1 --impls frt-exact \
             > "$out/gemv-bench-default.md" 2> "$out/gemv-bench.err"
         for i in "${!experiments[@]}"; do
             read -r -a ab <<< "${experiments[$i]}"
-            env "${ab[@]}" /tmp/vendor-tests/gemv-bench "$out/gemv-bench-ab$i.jsonl" --tokens 1 --impls frt-exact \
+            timeout 180 env "${ab[@]}" /tmp/vendor-tests/gemv-bench "$out/gemv-bench-ab$i.jsonl" --tokens 1 --impls frt-exact \
                 > "$out/gemv-bench-ab$i.md" 2>> "$out/gemv-bench.err"
         done
         python3 - "$out" "${experiments[@]}" <<'PY' | while read -r line; do say "$line"; done
@@ -111,7 +114,11 @@ runs = []
 for i, name in enumerate(names):
     path = f"{out}/gemv-bench-{'default' if i == 0 else f'ab{i - 1}'}.jsonl"
     rows = {}
-    for line in open(path):
+    try:
+        lines = open(path).read().splitlines()
+    except FileNotFoundError:  # the run did not get that far (its time limit)
+        lines = []
+    for line in lines:
         r = json.loads(line)
         if r.get("impl") == "frt-exact":
             rows[r["shape"]] = r["us_median"]
@@ -135,12 +142,13 @@ PY
                 read -r -a ab <<< "${case_settings[$s]}"
                 export "${ab[@]}"
             fi
-            GGML_CUDA_FLASHRT_NO_CACHE=1 FRT_STATS=1 "$bin/test-backend-ops" test -b CUDA0 -o 'FLASHRT_.*' > "$out/tbo-$s.txt" 2>&1
+            GGML_CUDA_FLASHRT_NO_CACHE=1 FRT_STATS=1 timeout 240 "$bin/test-backend-ops" test -b CUDA0 -o 'FLASHRT_.*' \
+                > "$out/tbo-$s.txt" 2>&1 || echo "(exit $?)" >> "$out/tbo-$s.txt"
         )
         grep -E "FAIL" "$out/tbo-$s.txt" | head -10
         label=default
         [ "$s" != default ] && label=${case_settings[$s]}
-        say "FlashRT cases ($label): $(grep -m1 'tests passed' "$out/tbo-$s.txt" | xargs)"
+        say "FlashRT cases ($label): $(grep -m1 'tests passed' "$out/tbo-$s.txt" | xargs || tail -1 "$out/tbo-$s.txt")"
     done
     wait $synth
     [ "${BENCH:-1}" = 0 ] || bench_and_parity
