@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cooperative_groups.h>
-#include <mutex>
 
 namespace cg = cooperative_groups;
 
@@ -11,7 +10,6 @@ constexpr int decode_threads     = 256;
 constexpr int decode_warps       = decode_threads / 32;
 constexpr int decode_split       = FRT_ATTN_DECODE_SPLIT;
 constexpr int decode_cells_lane  = FRT_ATTN_DECODE_MAX_KV / FRT_ATTN_DECODE_SPLIT / 32;  // cells a lane scores
-constexpr int decode_max_devices = 16;
 static_assert(FRT_ATTN_DECODE_MAX_KV % (32 * FRT_ATTN_DECODE_SPLIT) == 0, "a block's cells fill whole warps");
 
 static __device__ __forceinline__ float decode_warp_max(float x) {
@@ -251,47 +249,19 @@ const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q
     return nullptr;
 }
 
-// The kernel's shared memory may exceed the 48 KB default: allowed once per device and head size.
-template <int D> static cudaError_t decode_allow_smem(size_t bytes) {
-    static std::once_flag once[decode_max_devices];
-    static cudaError_t    result[decode_max_devices];
-    const size_t          most = decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS);
-    const auto            set  = [most] {
-        return cudaFuncSetAttribute(frt_attn_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) most);
-    };
-    if (bytes <= 48 * 1024) {
-        return cudaSuccess;
-    }
+template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, cudaStream_t stream) {
     int         device = 0;
     cudaError_t err    = cudaGetDevice(&device);
-    if (err != cudaSuccess || device < 0 || device >= decode_max_devices) {
-        return err != cudaSuccess ? err : set();
+    if (err == cudaSuccess) {  // the most any launch asks: 128 cells a block, 64 query rows
+        err = frt_allow_smem<frt_attn_decode_kernel<D>>(
+            device, (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS));
     }
-    std::call_once(once[device], [&] { result[device] = set(); });
-    return result[device];
-}
-
-template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, cudaStream_t stream) {
-    const size_t      smem = decode_smem_bytes(D, frt_attn_decode_cells_a_block(a.n_kv), a.n_q * (a.heads / a.heads_kv));
-    const cudaError_t err  = decode_allow_smem<D>(smem);
     if (err != cudaSuccess) {
         return err;
     }
-    cudaLaunchAttribute attrs[2]          = {};
-    attrs[0].id                           = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x             = decode_split;
-    attrs[0].val.clusterDim.y             = 1;
-    attrs[0].val.clusterDim.z             = 1;
-    attrs[1].id                           = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg                = {};
-    cfg.gridDim                           = dim3(decode_split, a.heads_kv);
-    cfg.blockDim                          = dim3(decode_threads);
-    cfg.dynamicSmemBytes                  = smem;
-    cfg.stream                            = stream;
-    cfg.attrs                             = attrs;
-    cfg.numAttrs                          = frt_pdl_enabled() ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, frt_attn_decode_kernel<D>, a);
+    const size_t smem = decode_smem_bytes(D, frt_attn_decode_cells_a_block(a.n_kv), a.n_q * (a.heads / a.heads_kv));
+    return frt_launch_clustered(frt_attn_decode_kernel<D>, dim3(decode_split, a.heads_kv), dim3(decode_threads), smem,
+                                stream, decode_split, a);
 }
 
 cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream) {

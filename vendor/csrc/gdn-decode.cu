@@ -499,20 +499,8 @@ cudaError_t frt_gdn_decode(const frt_gdn_decode_args & a, cudaStream_t stream) {
     if (a.n_seqs == 1 && a.flags != nullptr) {
         const int sharing = a.v_heads / a.k_heads;
         if (gdn_cluster_enabled() && sharing >= 2 && sharing <= 8) {
-            cudaLaunchAttribute attrs[2]                        = {};
-            attrs[0].id                                         = cudaLaunchAttributeClusterDimension;
-            attrs[0].val.clusterDim.x                           = sharing;
-            attrs[0].val.clusterDim.y                           = 1;
-            attrs[0].val.clusterDim.z                           = 1;
-            attrs[1].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attrs[1].val.programmaticStreamSerializationAllowed = 1;
-            cudaLaunchConfig_t cfg                              = {};
-            cfg.gridDim                                         = dim3(a.v_heads);
-            cfg.blockDim                                        = dim3(32, 32);
-            cfg.stream                                          = stream;
-            cfg.attrs                                           = attrs;
-            cfg.numAttrs                                        = frt_pdl_enabled() ? 2 : 1;
-            return cudaLaunchKernelEx(&cfg, frt_gdn_single_kernel<true>, a, frt_pdl_early_dependents());
+            return frt_launch_clustered(frt_gdn_single_kernel<true>, dim3(a.v_heads), dim3(32, 32), 0, stream, sharing, a,
+                                        frt_pdl_early_dependents());
         }
         return frt_launch(frt_gdn_single_kernel<false>, dim3(a.v_heads), dim3(32, 32), 0, stream, a,
                           frt_pdl_early_dependents());

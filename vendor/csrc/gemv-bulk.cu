@@ -647,7 +647,7 @@ __launch_bounds__(kBulkThreads, 1) static __global__ void frt_gemv_bulk_kernel(c
 template <int DIRECT>
 static cudaError_t bulk_launch(const bulk_params & p, int smem, const gemv_device & dev, int device,
                                cudaStream_t stream) {
-    const cudaError_t err = gemv_allow_smem<frt_gemv_bulk_kernel<DIRECT>>(device, dev.smem_optin - kBulkStatic);
+    const cudaError_t err = frt_allow_smem<frt_gemv_bulk_kernel<DIRECT>>(device, dev.smem_optin - kBulkStatic);
     if (err != cudaSuccess) {
         return err;
     }

@@ -914,7 +914,7 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
 // One instance of the kernel, with the shared memory it may use.
 template <auto KERNEL>
 static cudaError_t exact_launch(int device, int blocks, int smem, cudaStream_t stream, const exact_params & p) {
-    const cudaError_t err = gemv_allow_smem<KERNEL>(device, kMaxSmem);
+    const cudaError_t err = frt_allow_smem<KERNEL>(device, kMaxSmem);
     return err != cudaSuccess ? err : frt_launch(KERNEL, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p);
 }
 

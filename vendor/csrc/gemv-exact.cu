@@ -41,25 +41,25 @@ int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf)
     return exact_layout(a, smem_xm, smem_xf, smem_part, q8, f32);
 }
 
+// An experiment's switch from the environment: its value when it is `a` or `b`, else `otherwise`
+// (each caller keeps what it read: launches are on the decode path).
+static int exact_switch(const char * name, int a, int b, int otherwise) {
+    const char * env = std::getenv(name);
+    const int    n   = env != nullptr ? std::atoi(env) : otherwise;
+    return n == a || n == b ? n : otherwise;
+}
+
 // The kernel instance's copy groups (CHUNKS): GGML_FLASHRT_EXACT_CHUNKS=2 or 4, else 1 (2 with
 // late staging).
 static int exact_chunks() {
-    static const int chunks = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_CHUNKS");
-        const int    n   = env != nullptr ? std::atoi(env) : 1;
-        return n == 2 || n == kExactMaxChunks ? n : 1;
-    }();
+    static const int chunks = exact_switch("GGML_FLASHRT_EXACT_CHUNKS", 2, kExactMaxChunks, 1);
     return chunks;
 }
 
 // Late staging (exact_rows' LATE) for this launch: GGML_FLASHRT_EXACT_LATE=1 in every launch, 2 in
-// all but the SwiGLU ones (whose late instance spills more). An experiment until measured in decode.
+// all but the SwiGLU ones (their share told apart). An experiment until measured in decode.
 static bool exact_late(bool glu) {
-    static const int late = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_LATE");
-        const int    n   = env != nullptr ? std::atoi(env) : 0;
-        return n == 1 || n == 2 ? n : 0;
-    }();
+    static const int late = exact_switch("GGML_FLASHRT_EXACT_LATE", 1, 2, 0);
     return late == 1 || (late == 2 && !glu);
 }
 
@@ -68,11 +68,7 @@ static bool exact_late(bool glu) {
 // for the router: 2 MB staged by half the SMs, 32 KB a block ahead of x). An experiment until
 // measured in decode; 0: the default.
 static int exact_f32_rows() {
-    static const int rows = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_F32_ROWS");
-        const int    n   = env != nullptr ? std::atoi(env) : 0;
-        return n == 1 || n == 2 ? n : 0;
-    }();
+    static const int rows = exact_switch("GGML_FLASHRT_EXACT_F32_ROWS", 1, 2, 0);
     return rows;
 }
 

@@ -1177,21 +1177,6 @@ struct gemv_device {
 };
 cudaError_t frt_gemv_device_info(int device, gemv_device & info);
 
-// Once per (kernel, device): allow `bytes` of dynamic shared memory, the most a launch of KERNEL may
-// ask for (the launch's own size decides the occupancy). Devices beyond kMaxDevices ask every time.
-template <auto KERNEL> static cudaError_t gemv_allow_smem(int device, int bytes) {
-    static std::once_flag once[kMaxDevices];
-    static cudaError_t    result[kMaxDevices];
-    const auto set = [bytes] {
-        return cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    };
-    if (device < 0 || device >= kMaxDevices) {
-        return set();
-    }
-    std::call_once(once[device], [&] { result[device] = set(); });
-    return result[device];
-}
-
 template <int DIRECT, int T> static cudaError_t gemv_launch(const frt_gemv_args & a, cudaStream_t stream) {
     int         device = 0;
     gemv_device dev;
@@ -1200,7 +1185,7 @@ template <int DIRECT, int T> static cudaError_t gemv_launch(const frt_gemv_args 
         err = frt_gemv_device_info(device, dev);
     }
     if (err == cudaSuccess) {
-        err = gemv_allow_smem<frt_gemv_registers_kernel<DIRECT, T>>(device, kMaxSmem);
+        err = frt_allow_smem<frt_gemv_registers_kernel<DIRECT, T>>(device, kMaxSmem);
     }
     if (err != cudaSuccess) {
         return err;

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
 #include <utility>
 
 static __device__ __forceinline__ void frt_pdl_wait() {
@@ -36,19 +37,55 @@ bool frt_pdl_enabled();
 // and ATTN_ROPE: bench/results/2026-12-01-75c99d4-h200-topk-rope-early).
 bool frt_pdl_early_dependents();
 
+// Launches `kernel` on `stream`, with PDL when enabled and, when cluster_x > 1, as thread-block
+// clusters of cluster_x blocks along x; returns the launch error. Capture-safe.
+template <typename... Params, typename... Args>
+cudaError_t frt_launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                 unsigned cluster_x, Args &&... args) {
+    cudaLaunchAttribute attrs[2] = {};
+    unsigned            n        = 0;
+    if (cluster_x > 1) {
+        attrs[n].id               = cudaLaunchAttributeClusterDimension;
+        attrs[n].val.clusterDim.x = cluster_x;
+        attrs[n].val.clusterDim.y = 1;
+        attrs[n].val.clusterDim.z = 1;
+        ++n;
+    }
+    if (frt_pdl_enabled()) {
+        attrs[n].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attrs[n].val.programmaticStreamSerializationAllowed = 1;
+        ++n;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim            = grid;
+    cfg.blockDim           = block;
+    cfg.dynamicSmemBytes   = smem;
+    cfg.stream             = stream;
+    cfg.attrs              = attrs;
+    cfg.numAttrs           = n;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 // Launches `kernel` on `stream`, with PDL when enabled; returns the launch error. Capture-safe.
 template <typename... Params, typename... Args>
 cudaError_t frt_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                        Args &&... args) {
-    cudaLaunchAttribute attr = {};
-    attr.id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg                          = {};
-    cfg.gridDim                                     = grid;
-    cfg.blockDim                                    = block;
-    cfg.dynamicSmemBytes                            = smem;
-    cfg.stream                                      = stream;
-    cfg.attrs                                       = &attr;
-    cfg.numAttrs                                    = frt_pdl_enabled() ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    return frt_launch_clustered(kernel, grid, block, smem, stream, 1, std::forward<Args>(args)...);
+}
+
+// Once per (kernel, device): allow `bytes` of dynamic shared memory (beyond the 48 KB default),
+// the most a launch of KERNEL may ask for (the launch's own size decides the occupancy). Devices
+// beyond frt_max_devices ask every time.
+constexpr int frt_max_devices = 16;
+template <auto KERNEL> cudaError_t frt_allow_smem(int device, int bytes) {
+    static std::once_flag once[frt_max_devices];
+    static cudaError_t    result[frt_max_devices];
+    const auto set = [bytes] {
+        return cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    };
+    if (device < 0 || device >= frt_max_devices) {
+        return set();
+    }
+    std::call_once(once[device], [&] { result[device] = set(); });
+    return result[device];
 }
