@@ -56,11 +56,11 @@ static const flashrt_window flashrt_registry[] = {
     // that matvecs read: q's and k's are left.
     { "ATTN_ROPE", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },
       flashrt_match_attn_rope, flashrt_run_attn_rope, nullptr },
-    // full (FRT_ATTN_DECODE_SWAP=1 turns it on): parity passes on the 4- and 40-layer models (4
-    // layers: mean NMSE 2.1e-5 against the yardstick's 3.6e-5), but tg128 gains nothing measurable
-    // (326.1 against 325.3 tok/s, bench/results/2026-12-01-0f46489-h200-down-tail), and it is not
-    // stock's bits (float scores and sums).
-    { "ATTN_DECODE", flashrt_tier::full, 900, { GGML_OP_FLASH_ATTN_EXT, GGML_OP_COUNT },
+    // safe: v2 (a cluster a key/value head) at tg128 +1.1% (flash attention and its fix-up, 13.9 us
+    // a layer, -> 11.8 us) and 40-layer parity within the yardstick with GDN's clusters
+    // (bench/results/2026-12-01-beb77b5-h200-ab-experiments); float scores and sums, not stock's
+    // bits. FRT_ATTN_DECODE_SWAP=0 turns it off.
+    { "ATTN_DECODE", flashrt_tier::safe, 900, { GGML_OP_FLASH_ATTN_EXT, GGML_OP_COUNT },
       flashrt_match_attn_decode, flashrt_run_attn_decode, nullptr },
     // full: not yet run on a GPU (FRT_PREFILL_FA4_SWAP=1 turns it on); compiled only where the
     // build links FA4 objects (fa4_aot/), else it misses saying so.

@@ -15,7 +15,9 @@
 # space-separated, experiments separated by ';' (AB="A=1;A=1 B=4"). ROUNDS: bench rounds (3).
 # AB_PARITY=1: the 4-layer parity under each experiment too (for one that is not stock's bits).
 # CASES_WITH="ENV=VALUE ...": check runs the FlashRT cases under these settings (beside the
-# default) instead of under each experiment.
+# default) instead of under each experiment. TESTS_WITH: the settings (';' between them) check runs
+# the vendor tests under beside the default instead of each experiment's; TESTS_WITH= none (the
+# tests under 5 settings outlast the build: ~75 s a setting).
 # Needs .xtask/device/ carried (bench/README.md) with vendor-tests.tar.xz: the vendor tests built on
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
 # packed with `tar -cf - test-* | xz -9 -T1` (gemv-bench beside them, bench/tools/gemv-bench.cu
@@ -80,12 +82,14 @@ check)
     tar -xJf .xtask/device/vendor-tests.tar.xz -C /tmp/vendor-tests
     # Each run under a time limit: a kernel that hangs (a barrier never reached) must not take the
     # call's whole device time with it.
+    test_settings=("${experiments[@]}")
+    [ -n "${TESTS_WITH+set}" ] && IFS=';' read -r -a test_settings <<< "$TESTS_WITH"
     for t in /tmp/vendor-tests/test-*; do
         timeout 180 "$t" > "$out/$(basename "$t").txt" 2>&1 || echo "(exit $?)" >> "$out/$(basename "$t").txt"
         grep -E "^FAIL" "$out/$(basename "$t").txt" | head -5
         say "$(basename "$t"): $(tail -1 "$out/$(basename "$t").txt")"
-        for i in "${!experiments[@]}"; do
-            read -r -a ab <<< "${experiments[$i]}"
+        for i in "${!test_settings[@]}"; do
+            read -r -a ab <<< "${test_settings[$i]}"
             timeout 180 env "${ab[@]}" "$t" > "$out/$(basename "$t")-ab$i.txt" 2>&1 ||
                 echo "(exit $?)" >> "$out/$(basename "$t")-ab$i.txt"
             grep -E "^FAIL" "$out/$(basename "$t")-ab$i.txt" | head -5

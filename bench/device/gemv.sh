@@ -11,8 +11,8 @@
 #
 # Usage (device, repository root): bench/device/gemv.sh [gemv-bench options for step 3, e.g. --tokens 1,2]
 #   GEMV_SWEEP=0 skips step 3 (gemv-bench is then not compiled).
-#   GEMV_CHUNKS (default "2 4"): the exact kernel's chunked instances (GGML_FLASHRT_EXACT_CHUNKS)
-#   that test-gemv and gemv-bench (its frt-exact rows) run again; GEMV_CHUNKS= runs none.
+#   GEMV_SETTINGS (default none): settings test-gemv and gemv-bench (its frt-exact rows) run again
+#   under, ';' between settings, e.g. "GGML_FLASHRT_EXACT_TRIGGER=1;GGML_FLASHRT_EXACT_SLOTS=200".
 # GEMV_PREBUILT=DIR: the test binaries and gemv-bench already built (e.g. on a CPU machine with the
 # pip nvcc, same flags, carried in .xtask/device): step 1 is skipped, nothing is compiled here.
 # Needs nvcc only: no .xtask/device bundle, no network. Writes to $OUT (default /tmp/gemv):
@@ -87,16 +87,18 @@ for test in vendor/csrc/tests/test-*.cu; do
     say "$name: $(tail -1 "$build/$name.txt") (exit $rc)"
     [ $rc -eq 0 ] || tests_failed=1
 done
-# The exact kernel's other instances (staged rows in 2 or 4 copy groups), bit for bit as well.
-for chunks in ${GEMV_CHUNKS-2 4}; do
+# test-gemv under each of GEMV_SETTINGS, bit for bit as well.
+IFS=';' read -r -a settings <<< "${GEMV_SETTINGS:-}"
+for i in "${!settings[@]}"; do
     [ -x "$build/test-gemv" ] || break
+    read -r -a setting <<< "${settings[$i]}"
     set +e
-    GGML_FLASHRT_EXACT_CHUNKS=$chunks "$build/test-gemv" > "$build/test-gemv-chunks$chunks.txt" 2>&1
+    env "${setting[@]}" "$build/test-gemv" > "$build/test-gemv-setting$i.txt" 2>&1
     rc=$?
     set -e
-    cat "$build/test-gemv-chunks$chunks.txt" >> "$out/tests.txt"
-    grep -E "^FAIL|^CUDA error" "$build/test-gemv-chunks$chunks.txt" | head -10 || true
-    say "test-gemv, GGML_FLASHRT_EXACT_CHUNKS=$chunks: $(tail -1 "$build/test-gemv-chunks$chunks.txt") (exit $rc)"
+    cat "$build/test-gemv-setting$i.txt" >> "$out/tests.txt"
+    grep -E "^FAIL|^CUDA error" "$build/test-gemv-setting$i.txt" | head -10 || true
+    say "test-gemv, ${setting[*]}: $(tail -1 "$build/test-gemv-setting$i.txt") (exit $rc)"
     [ $rc -eq 0 ] || tests_failed=1
 done
 
@@ -119,12 +121,13 @@ if [ "${GEMV_SWEEP:-1}" != 0 ]; then
     "$build/gemv-bench" "$out/gemv-bench.jsonl" "$@" 2> "$out/gemv-bench.err" > "$out/gemv-bench.md" \
         || { tail -20 "$out/gemv-bench.err"; exit 1; }
     say "gemv-bench: $(tail -1 "$out/gemv-bench.md") ($(( $(date +%s) - start )) s)"
-    # The exact kernel's chunked instances, its rows only: gemv-bench-chunks<N>.md beside the table.
-    for chunks in ${GEMV_CHUNKS-2 4}; do
-        GGML_FLASHRT_EXACT_CHUNKS=$chunks "$build/gemv-bench" "$out/gemv-bench-chunks$chunks.jsonl" "$@" \
-            --impls frt-exact 2>> "$out/gemv-bench.err" > "$out/gemv-bench-chunks$chunks.md" \
+    # The exact kernel under each of GEMV_SETTINGS, its rows only: gemv-bench-setting<i>.md beside the table.
+    for i in "${!settings[@]}"; do
+        read -r -a setting <<< "${settings[$i]}"
+        env "${setting[@]}" "$build/gemv-bench" "$out/gemv-bench-setting$i.jsonl" "$@" \
+            --impls frt-exact 2>> "$out/gemv-bench.err" > "$out/gemv-bench-setting$i.md" \
             || { tail -20 "$out/gemv-bench.err"; exit 1; }
-        say "gemv-bench, GGML_FLASHRT_EXACT_CHUNKS=$chunks: $(tail -1 "$out/gemv-bench-chunks$chunks.md")"
+        say "gemv-bench, ${setting[*]}: $(tail -1 "$out/gemv-bench-setting$i.md")"
     done
 fi
 

@@ -482,12 +482,13 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
     }
 }
 
-// Whether the one-sequence launch runs as clusters (frt_gdn_single_kernel's CLUSTER):
-// GGML_FLASHRT_GDN_CLUSTER=1, an experiment until measured in decode.
+// Whether the one-sequence launch runs as clusters (frt_gdn_single_kernel's CLUSTER): on unless
+// GGML_FLASHRT_GDN_CLUSTER=0 (tg128 +0.9%, GDN 6.2 -> 5.9 us a layer at beb77b5;
+// bench/results/2026-12-01-beb77b5-h200-ab-experiments).
 static bool gdn_cluster_enabled() {
     static const bool on = [] {
         const char * env = std::getenv("GGML_FLASHRT_GDN_CLUSTER");
-        return env != nullptr && std::atoi(env) == 1;
+        return env == nullptr || std::atoi(env) != 0;
     }();
     return on;
 }

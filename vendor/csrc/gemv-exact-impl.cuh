@@ -36,10 +36,8 @@
 // (x then y of each pair, fused), a butterfly in each warp, then the B / 32 warp sums (zeros past
 // them) in one more butterfly. Here one warp takes a row, lane l keeping threads l, l + 32, ... apart.
 
-// The kernel and its device code are here, included by the translation units that instantiate
-// it: gemv-exact.cu (the launch: its shape and the instance; the default instances),
-// gemv-exact-chunked.cu (the staged rows in 2 or 4 copy groups) and gemv-exact-late.cu (late
-// staging), so that the instances compile in parallel.
+// The kernel and its device code are here; gemv-exact.cu plans the launch (its shape and the
+// instance) and instantiates it.
 
 #include "gemv-impl.cuh"
 #include "moe-ffn-tail.cuh"
@@ -94,6 +92,9 @@ struct exact_params {
     // frt_gemv_args::tail (out non-null): its segments' blocks count their rows and complete it.
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
+    // Where the next kernel may launch: after the prologue (0) or at the start (1,
+    // GGML_FLASHRT_EXACT_TRIGGER=1, an experiment).
+    int           dependents_at_start;
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
 };
 
@@ -476,49 +477,28 @@ static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int
     }
 }
 
-// A hook that does nothing (exact_prologue's default).
-struct exact_no_hook {
-    __device__ void operator()() const {}
-};
-
 // After the wait for the previous kernel: x into shared memory, normed first when the launch has a
 // norm, then quantized as stock's quantize_q8_1 does (and/or kept in float for F32 rows). Only the
 // block's vector `vec` (or its segment's own input), unless the launch keeps the normed vectors
 // (block 0 writes them all).
-// Returns where vec is among the vectors in shared memory. after_loads runs once x's loads are in:
-// after the norm's sums, else after gemv_prologue_x (late staging issues its later copies there;
-// called in between, they made ptxas spill in the prologue).
-template <typename HOOK = exact_no_hook>
-static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem, const float * own_x,
-                                     HOOK after_loads = {}) {
+// Returns where vec is among the vectors in shared memory.
+static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem, const float * own_x) {
     const bool       all   = p.x_out != nullptr;
     const int        first = all ? 0 : vec, n = all ? p.n_vec : 1;
     const float *    x     = own_x != nullptr ? own_x : p.x + (int64_t) first * p.x_stride;
     __shared__ float norm_scales[FRT_GEMV_MAX_TOKENS];
     if (p.norm != nullptr) {
         exact_norm_scales(x, p.x_stride, n, p.k, p.eps, norm_scales);
-        after_loads();  // x's first loads are in (the norm's sums); gemv_prologue_x reads x again from L1
     }
     const gemv_x_in in = { x,        p.norm,   p.x_stride, p.eps, p.k, n, p.need_q8, p.need_f32,
                            blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride, norm_scales };
     gemv_prologue_x<kExactThreads>(in, (int8_t *) smem, (uint2 *) (smem + p.smem_xm), (float *) (smem + p.smem_xf),
                                    threadIdx.x, 0);
-    if (p.norm == nullptr) {
-        after_loads();  // x is in: one round of loads, quantized
-    }
     __syncthreads();
-    frt_pdl_launch_dependents();
-    return vec - first;
-}
-
-// Late staging's first request: the norm's weights (read by gemv_prologue_x, long out of L2), into
-// L1 ahead of the weight copies (no kernel writes them: before the wait).
-static __device__ __forceinline__ void exact_prefetch_norm(const exact_params & p) {
-    if (p.norm != nullptr) {
-        for (int line = threadIdx.x; line < p.k / 32; line += kExactThreads) {
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(p.norm + 32 * line));
-        }
+    if (!p.dependents_at_start) {
+        frt_pdl_launch_dependents();
     }
+    return vec - first;
 }
 
 // Writes a row's value (plus its residual with FRT_GEMV_ADD; times silu of its gate row's value
@@ -531,28 +511,6 @@ static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot
     }
     s.out[(int64_t) slot * s.out_stride + row] = v;
 }
-
-// A block's staged rows may arrive in CHUNKS groups of copies, each multiplied as soon as it is in
-// while the later ones are still in flight (with one group the SM's memory pipe idles during the
-// products, and its ALUs during the copies). An experiment until measured in decode:
-// GGML_FLASHRT_EXACT_CHUNKS=2 or 4 picks the kernel instance (default 1, one group); more than one
-// group makes ptxas spill 36-52 bytes (docs/perf-notes.md).
-static constexpr int kExactMaxChunks = 4;
-
-static __device__ __forceinline__ void exact_cp_async_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Waits until at most `pending` (0 .. kExactMaxChunks - 1) of this thread's copy groups are in flight.
-static __device__ __forceinline__ void exact_cp_async_wait(int pending) {
-    switch (pending) {
-        case 0:  asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-        case 1:  asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-        case 2:  asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-    }
-}
-static_assert(kExactMaxChunks <= 4, "exact_cp_async_wait waits for at most 3 groups in flight");
 
 // Copies `bytes` from global src into shared dst with cp.async, `unit` (16 or 4) bytes a copy,
 // the block's threads in turn; gemv_cp_async_wait_all waits for them.
@@ -612,7 +570,7 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
         off              = base;
         const bool valid = exact_matrix(s, slot, off, nullptr);
         if (valid && !(guessed && off == guessed_off)) {
-            exact_cp_async_wait(0);
+            gemv_cp_async_wait_all();
             copy();
         }
         return valid;
@@ -633,12 +591,7 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
-// LATE (CHUNKS > 1): the norm's weights are prefetched first, only the first group is copied
-// there; the later groups are issued in the prologue once x's loads are in (exact_prologue's
-// hook). The reading behind it (docs/perf-notes.md, fifteenth session): an SM serves its copies in
-// flight in order, so a block that queues all its rows first receives x only behind them, and its
-// prologue and products then follow the whole copy instead of overlapping it.
-template <int TYPE, bool STAGED, bool GLU, int CHUNKS, bool LATE = false>
+template <int TYPE, bool STAGED, bool GLU>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
@@ -655,48 +608,13 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     constexpr bool glu  = GLU;  // the launch's segments all have FRT_GEMV_SWIGLU
     const int64_t bytes = (int64_t) n * s.row_stride;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
-    // Rows go `together` at a time (a round); the staged rows in CHUNKS groups of whole rounds (the
-    // last ones may be empty).
-    const int     chunk_rows = ((n + together - 1) / together + CHUNKS - 1) / CHUNKS * together;
-    const auto    stage_groups = [&](int64_t base, int c_begin, int c_end) {  // base: the rows' offset
-#pragma unroll
-        for (int c = 0; c < CHUNKS; ++c) {
-            if (c < c_begin || c >= c_end) {
-                continue;
-            }
-            const int64_t first = min(bytes, (int64_t) c * chunk_rows * s.row_stride);
-            const int64_t last  = min(bytes, (int64_t) (c + 1) * chunk_rows * s.row_stride);
-            exact_copy(stage + first, s.w + base + first, last - first, s.stage_unit);
-            if constexpr (glu) {
-                exact_copy(stage + bytes + first, s.w_gate + base + first, last - first, s.stage_unit);
-            }
-            exact_cp_async_commit();
+    const bool    valid = exact_wait_and_stage<STAGED, !GLU>(p, s, slot, off, [&]() {
+        exact_copy(stage, s.w + off, bytes, s.stage_unit);
+        if constexpr (glu) {
+            exact_copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
         }
-    };
-    constexpr int early = LATE ? 1 : CHUNKS;  // groups copied before the prologue
-    static_assert(!LATE || CHUNKS > 1, "late staging leaves the first group early");
-    if (LATE) {
-        exact_prefetch_norm(p);
-    }
-    const bool valid = exact_wait_and_stage<STAGED, !GLU>(p, s, slot, off, [&]() { stage_groups(off, 0, early); });
-    // The later groups' offset through shared memory: kept in registers across the prologue, it
-    // made ptxas spill 140 bytes in the SwiGLU instance (16 as the default's this way).
-    __shared__ int64_t late_off;
-    if (LATE && threadIdx.x == 0) {
-        late_off = off;
-    }
-    const auto late = [&]() {
-        if (STAGED && valid) {  // the same in the whole block
-            __syncthreads();
-            stage_groups(late_off, early, CHUNKS);
-        }
-    };
-    int at;
-    if constexpr (LATE) {
-        at = exact_prologue(p, vec, smem, s.x, late);
-    } else {
-        at = exact_prologue(p, vec, smem, s.x);
-    }
+    });
+    const int at = exact_prologue(p, vec, smem, s.x);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
     float *        part = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
@@ -735,24 +653,18 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             }
             return acc;
         };
-        // Chunk by chunk, every thread at each chunk's barrier.
-#pragma unroll
-        for (int c = 0; c < CHUNKS; ++c) {
-            if (STAGED) {
-                exact_cp_async_wait(CHUNKS - 1 - c);
-                __syncthreads();
-            }
-            if (!valid) {
-                continue;
-            }
-            const int end = min(n, (c + 1) * chunk_rows);
+        if (STAGED) {
+            gemv_cp_async_wait_all();
+            __syncthreads();
+        }
+        if (valid) {
             if constexpr (!glu) {
 #pragma unroll 4
-                for (int j = c * chunk_rows + sub; j < end; j += together) {
+                for (int j = sub; j < n; j += together) {
                     part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * s.row_stride);
                 }
             } else {
-                for (int j = c * chunk_rows + sub; j < end; j += together) {
+                for (int j = sub; j < n; j += together) {
                     part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * s.row_stride);
                     part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * s.row_stride);
                 }
@@ -785,33 +697,16 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
 // The block's rows [row0, row0 + n) of an F32 matrix: one warp a row. STAGED as for the quantized
 // rows: a warp's row in global memory takes one load latency per pass of mmvf's loop (4 at k =
 // 2048), which set the router pack's time; copied before the wait, the latency overlaps the
-// previous kernel and the prologue. LATE: the copies are issued in the prologue, behind x's first
-// loads (exact_rows' LATE).
-template <bool STAGED, bool LATE = false>
+// previous kernel and the prologue.
+template <bool STAGED>
 static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                       uint8_t * smem) {
     uint8_t *     stage = smem + p.smem_stage;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
-    const auto    copy  = [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); };
-    if (LATE) {
-        exact_prefetch_norm(p);
-    }
-    const bool    valid = exact_wait_and_stage<STAGED, false>(p, s, slot, off, [&]() {
-        if (!LATE) {
-            copy();
-        }
-    });
-    int at;
-    if constexpr (LATE) {
-        at = exact_prologue(p, vec, smem, s.x, [&]() {
-            if (STAGED && valid) {
-                copy();
-            }
-        });
-    } else {
-        at = exact_prologue(p, vec, smem, s.x);
-    }
+    const bool    valid = exact_wait_and_stage<STAGED, false>(
+        p, s, slot, off, [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
+    const int at = exact_prologue(p, vec, smem, s.x);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;
     if (STAGED) {
@@ -873,12 +768,14 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
-// own instance too: the tail's code made ptxas spill in the plain one). LATE: exact_rows' late
-// staging.
-template <bool GLU, int CHUNKS, bool TAIL = false, bool LATE = false>
+// own instance too: the tail's code made ptxas spill in the plain one).
+template <bool GLU, bool TAIL = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
+    if (p.dependents_at_start) {
+        frt_pdl_launch_dependents();
+    }
     int si = 0;
     while (si + 1 < p.n_segments && (int) blockIdx.x >= p.seg[si + 1].block_begin) {
         ++si;
@@ -890,19 +787,19 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, CHUNKS, LATE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, 1>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, CHUNKS, LATE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, 1>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, CHUNKS, LATE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, 1>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU>(p, s, slot, row0, n, vec, smem);
             break;
         default:
-            s.stage_unit ? exact_rows_f32<true, LATE>(p, s, slot, row0, n, vec, smem)
+            s.stage_unit ? exact_rows_f32<true>(p, s, slot, row0, n, vec, smem)
                          : exact_rows_f32<false>(p, s, slot, row0, n, vec, smem);
             break;
     }
@@ -917,10 +814,3 @@ static cudaError_t exact_launch(int device, int blocks, int smem, cudaStream_t s
     const cudaError_t err = frt_allow_smem<KERNEL>(device, kMaxSmem);
     return err != cudaSuccess ? err : frt_launch(KERNEL, dim3(blocks), dim3(kExactThreads), (size_t) smem, stream, p);
 }
-
-// The instances of the other translation units: CHUNKS 2 or 4 (GGML_FLASHRT_EXACT_CHUNKS) and
-// late staging with 2 or 4 groups (GGML_FLASHRT_EXACT_LATE).
-cudaError_t frt_gemv_exact_launch_chunked(bool glu, int chunks, int device, int blocks, int smem, cudaStream_t stream,
-                                          const exact_params & p);
-cudaError_t frt_gemv_exact_launch_late(bool glu, int chunks, int device, int blocks, int smem, cudaStream_t stream,
-                                       const exact_params & p);

@@ -1,7 +1,6 @@
 // The exact kernel's launch (FRT_GEMV_KERNEL_EXACT): the launch's shape (rows a block, shared
 // memory, blocks) and the kernel instance; the kernel and the order of its sums are described
-// in gemv-exact-impl.cuh. The default instances are compiled here, the chunked and the late
-// ones in gemv-exact-chunked.cu and gemv-exact-late.cu.
+// in gemv-exact-impl.cuh.
 
 #include "gemv-exact-impl.cuh"
 
@@ -41,35 +40,25 @@ int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf)
     return exact_layout(a, smem_xm, smem_xf, smem_part, q8, f32);
 }
 
-// An experiment's switch from the environment: its value when it is `a` or `b`, else `otherwise`
-// (each caller keeps what it read: launches are on the decode path).
-static int exact_switch(const char * name, int a, int b, int otherwise) {
-    const char * env = std::getenv(name);
-    const int    n   = env != nullptr ? std::atoi(env) : otherwise;
-    return n == a || n == b ? n : otherwise;
+// Blocks a wave of a launch: GGML_FLASHRT_EXACT_SLOTS=N (fewer than the SMs' 2 each leave room for
+// the next kernel's blocks to start and stage their weights while this one runs; an experiment),
+// else every slot.
+static int exact_wave(int sms) {
+    static const int slots = [] {
+        const char * env = std::getenv("GGML_FLASHRT_EXACT_SLOTS");
+        return env != nullptr ? std::atoi(env) : 0;
+    }();
+    return slots >= sms && slots < sms * kExactBlocksPerSm ? slots : sms * kExactBlocksPerSm;
 }
 
-// The kernel instance's copy groups (CHUNKS): GGML_FLASHRT_EXACT_CHUNKS=2 or 4, else 1 (2 with
-// late staging).
-static int exact_chunks() {
-    static const int chunks = exact_switch("GGML_FLASHRT_EXACT_CHUNKS", 2, kExactMaxChunks, 1);
-    return chunks;
-}
-
-// Late staging (exact_rows' LATE) for this launch: GGML_FLASHRT_EXACT_LATE=1 in every launch, 2 in
-// all but the SwiGLU ones (their share told apart). An experiment until measured in decode.
-static bool exact_late(bool glu) {
-    static const int late = exact_switch("GGML_FLASHRT_EXACT_LATE", 1, 2, 0);
-    return late == 1 || (late == 2 && !glu);
-}
-
-// Rows a block of a launch of F32 rows only (the router's 256 rows and the shared expert's gate
-// vector): GGML_FLASHRT_EXACT_F32_ROWS=1 or 2 instead of the 4 or more of every launch (65 blocks
-// for the router: 2 MB staged by half the SMs, 32 KB a block ahead of x). An experiment until
-// measured in decode; 0: the default.
-static int exact_f32_rows() {
-    static const int rows = exact_switch("GGML_FLASHRT_EXACT_F32_ROWS", 1, 2, 0);
-    return rows;
+// GGML_FLASHRT_EXACT_TRIGGER=1: the next kernel may launch at this one's start rather than after
+// its prologue (exact_params::dependents_at_start; an experiment).
+static bool exact_dependents_at_start() {
+    static const bool at_start = [] {
+        const char * env = std::getenv("GGML_FLASHRT_EXACT_TRIGGER");
+        return env != nullptr && std::atoi(env) == 1;
+    }();
+    return at_start;
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
@@ -92,6 +81,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out        = a.x_normed;
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
+    p.dependents_at_start = exact_dependents_at_start() ? 1 : 0;
     if (a.route_logits != nullptr) {
         p.route_logits  = a.route_logits;
         p.route_ids     = a.route_ids;
@@ -151,7 +141,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     }
     p.need_q8        = q8;
     p.need_f32       = f32;
-    const int wave   = dev.sms * kExactBlocksPerSm;
+    const int wave   = exact_wave(dev.sms);
     const int copies = exact_row_copies(a);
     // The launch's shape at `rows` rows a block: each staged segment's rows a block (`rows`, or as
     // many of its wider rows as fit, at least 4: else its rows are read in place), the shared
@@ -183,12 +173,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         }
         return sh;
     };
-    // F32 rows alone go a warp a row: no multiple of 4 needed (exact_f32_rows).
-    const int min_rows = f32 && !q8 && exact_f32_rows() > 0 ? exact_f32_rows() : 4;
-    int       rows     = min_rows < 4 ? std::min(kExactMaxRows, std::max(min_rows, (total + wave - 1) / wave))
-                                      : std::min(kExactMaxRows, std::max(4, ((total + wave - 1) / wave + 3) / 4 * 4));
+    int rows = std::min(kExactMaxRows, std::max(4, ((total + wave - 1) / wave + 3) / 4 * 4));
     if (main_width > 0) {  // as many as fit in shared memory with their sums
-        rows = std::max(min_rows, std::min<int>(rows, (kMaxSmem - p.smem_part) / (copies * (main_width + kStockThreads * 4)) / 4 * 4));
+        rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (copies * (main_width + kStockThreads * 4)) / 4 * 4));
     }
     exact_shape shape = shape_at(rows);
     // A launch a little over one wave (the experts' down projection with the shared expert's: 18432
@@ -247,15 +234,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
     }
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
-    if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks), staged rows in one group
-        return exact_launch<frt_gemv_exact_kernel<false, 1, true>>(device, blocks, smem, stream, p);
+    if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks)
+        return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
     }
-    if (exact_late(glu)) {
-        return frt_gemv_exact_launch_late(glu, exact_chunks(), device, blocks, smem, stream, p);
-    }
-    if (exact_chunks() > 1) {
-        return frt_gemv_exact_launch_chunked(glu, exact_chunks(), device, blocks, smem, stream, p);
-    }
-    return glu ? exact_launch<frt_gemv_exact_kernel<true, 1>>(device, blocks, smem, stream, p)
-               : exact_launch<frt_gemv_exact_kernel<false, 1>>(device, blocks, smem, stream, p);
+    return glu ? exact_launch<frt_gemv_exact_kernel<true>>(device, blocks, smem, stream, p)
+               : exact_launch<frt_gemv_exact_kernel<false>>(device, blocks, smem, stream, p);
 }
