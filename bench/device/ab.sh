@@ -81,16 +81,17 @@ check)
     synth=$!
     tar -xJf .xtask/device/vendor-tests.tar.xz -C /tmp/vendor-tests
     # Each run under a time limit: a kernel that hangs (a barrier never reached) must not take the
-    # call's whole device time with it.
+    # call's whole device time with it (300 s: test-gemv's float64 references took over 180 s with
+    # the build compiling beside it).
     test_settings=("${experiments[@]}")
     [ -n "${TESTS_WITH+set}" ] && IFS=';' read -r -a test_settings <<< "$TESTS_WITH"
     for t in /tmp/vendor-tests/test-*; do
-        timeout 180 "$t" > "$out/$(basename "$t").txt" 2>&1 || echo "(exit $?)" >> "$out/$(basename "$t").txt"
+        timeout 300 "$t" > "$out/$(basename "$t").txt" 2>&1 || echo "(exit $?)" >> "$out/$(basename "$t").txt"
         grep -E "^FAIL" "$out/$(basename "$t").txt" | head -5
         say "$(basename "$t"): $(tail -1 "$out/$(basename "$t").txt")"
         for i in "${!test_settings[@]}"; do
             read -r -a ab <<< "${test_settings[$i]}"
-            timeout 180 env "${ab[@]}" "$t" > "$out/$(basename "$t")-ab$i.txt" 2>&1 ||
+            timeout 300 env "${ab[@]}" "$t" > "$out/$(basename "$t")-ab$i.txt" 2>&1 ||
                 echo "(exit $?)" >> "$out/$(basename "$t")-ab$i.txt"
             grep -E "^FAIL" "$out/$(basename "$t")-ab$i.txt" | head -5
             say "$(basename "$t") (${ab[*]}): $(tail -1 "$out/$(basename "$t")-ab$i.txt")"

@@ -713,6 +713,65 @@ static void add_guess(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
     }
 }
 
+// add_prefetch, with GGML_FLASHRT_L2_PREFETCH=1 (an experiment until measured in decode).
+static bool l2_prefetch_enabled() {
+    static const bool enabled = [] {
+        const char * v = std::getenv("GGML_FLASHRT_L2_PREFETCH");
+        return v != nullptr && std::strcmp(v, "1") == 0;
+    }();
+    return enabled;
+}
+
+// How far after a launch's last node the matvecs it prefetches for are looked for, and how many of
+// their weights' bytes at most (a fraction of the H200's 50 MB L2, that the launches between
+// stream through too).
+static constexpr int     prefetch_lookahead = 96;
+static constexpr int64_t prefetch_budget    = 16 << 20;
+
+// An exact launch's prefetch (frt_gemv_args::prefetch): the model weights of the dense matvecs
+// after its nodes, in graph order, until the budget, FRT_GEMV_MAX_PREFETCH tensors or the lookahead
+// run out. Routed experts' matrices are passed over: which experts is not known here. The weights
+// must be plain memory of this device (a model-weights buffer that is not host memory and no split
+// tensor's), 16-byte aligned; the bytes are rounded down to 16.
+static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, frt_gemv_args & a) {
+    if (!l2_prefetch_enabled()) {
+        return;
+    }
+    int last = pack.norm;
+    for (int p = 0; p < pack.n; ++p) {
+        last = std::max(last, pack.nodes[p]);
+    }
+    for (int t = 0; t < pack.n_tail_nodes; ++t) {
+        last = std::max(last, pack.tail_nodes[t]);
+    }
+    int64_t left = prefetch_budget;
+    for (int i = last + 1; i < cgraph->n_nodes && i <= last + prefetch_lookahead && left > 0 &&
+                           a.prefetch.n < FRT_GEMV_MAX_PREFETCH;
+         ++i) {
+        const ggml_tensor * mm = cgraph->nodes[i];
+        const ggml_tensor * w  = mm->op == GGML_OP_MUL_MAT ? mm->src[0] : nullptr;
+        if (w == nullptr || w->buffer == nullptr || w->extra != nullptr ||
+            ggml_backend_buffer_get_usage(w->buffer) != GGML_BACKEND_BUFFER_USAGE_WEIGHTS ||
+            ggml_backend_buffer_is_host(w->buffer) || (uintptr_t) w->data % 16 != 0) {
+            continue;
+        }
+        bool seen = false;
+        for (int r = 0; r < a.prefetch.n; ++r) {
+            seen = seen || a.prefetch.ptr[r] == w->data;
+        }
+        const int64_t bytes = std::min<int64_t>(left, (int64_t) ggml_nbytes(w)) / 16 * 16;
+        if (seen || bytes == 0) {
+            continue;
+        }
+        a.prefetch.ptr[a.prefetch.n]     = w->data;
+        a.prefetch.bytes[a.prefetch.n++] = bytes;
+        left -= bytes;
+    }
+    if (frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {
+        a.prefetch = frt_gemv_prefetch();
+    }
+}
+
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                            const char * window) {
     frt_gemv_args a;
@@ -725,6 +784,7 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
         use_repacked(ctx, cgraph, pack, a);
     } else {
         add_guess(cgraph, pack, a);
+        add_prefetch(cgraph, pack, a);
     }
     bool tail_apart = false;
     if (a.tail.out != nullptr) {

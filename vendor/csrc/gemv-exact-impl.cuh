@@ -95,6 +95,7 @@ struct exact_params {
     // Where the next kernel may launch: after the prologue (0) or at the start (1,
     // GGML_FLASHRT_EXACT_TRIGGER=1, an experiment).
     int           dependents_at_start;
+    frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
 };
 
@@ -501,6 +502,30 @@ static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * 
     return vec - first;
 }
 
+// The block's share of the launch's prefetch ranges (frt_gemv_args::prefetch) into L2: the ranges
+// end to end, split in 16-byte multiples over the blocks, thread 0 issuing one bulk prefetch per
+// range its share touches. After the wait, so that these reads queue behind the block's own copies.
+static __device__ __forceinline__ void exact_prefetch_later(const exact_params & p) {
+    if (p.prefetch.n == 0 || threadIdx.x != 0) {
+        return;
+    }
+    int64_t total = 0;
+    for (int i = 0; i < p.prefetch.n; ++i) {
+        total += p.prefetch.bytes[i];
+    }
+    const int64_t share = (total / gridDim.x + 15) / 16 * 16;
+    const int64_t from = (int64_t) blockIdx.x * share, to = min(total, from + share);
+    int64_t       at   = 0;  // where range i starts, end to end
+    for (int i = 0; i < p.prefetch.n && at < to; at += p.prefetch.bytes[i], ++i) {
+        const int64_t lo = max(from, at), hi = min(to, at + p.prefetch.bytes[i]);
+        for (int64_t piece = lo; piece < hi; piece += 1 << 20) {  // the size operand is 32-bit
+            const uint8_t * src  = (const uint8_t *) p.prefetch.ptr[i] + (piece - at);
+            const uint32_t  size = (uint32_t) min(hi - piece, (int64_t) 1 << 20);
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(size) : "memory");
+        }
+    }
+}
+
 // Writes a row's value (plus its residual with FRT_GEMV_ADD; times silu of its gate row's value
 // with FRT_GEMV_SWIGLU, as mmvq's fused GLU epilogue multiplies).
 static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot, int row, float v, float gate = 0.0f) {
@@ -614,6 +639,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             exact_copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
         }
     });
+    exact_prefetch_later(p);
     const int at = exact_prologue(p, vec, smem, s.x);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
@@ -706,6 +732,7 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
     const bool    valid = exact_wait_and_stage<STAGED, false>(
         p, s, slot, off, [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
+    exact_prefetch_later(p);
     const int at = exact_prologue(p, vec, smem, s.x);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;

@@ -82,6 +82,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
     p.dependents_at_start = exact_dependents_at_start() ? 1 : 0;
+    p.prefetch            = a.prefetch;
     if (a.route_logits != nullptr) {
         p.route_logits  = a.route_logits;
         p.route_ids     = a.route_ids;

@@ -320,6 +320,14 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
     if (a.tokens != 1) {
         return "frt_gemv: the exact kernel takes one token";
     }
+    if (a.prefetch.n < 0 || a.prefetch.n > FRT_GEMV_MAX_PREFETCH) {
+        return "frt_gemv: 0 to FRT_GEMV_MAX_PREFETCH prefetch ranges";
+    }
+    for (int i = 0; i < a.prefetch.n; ++i) {
+        if ((uintptr_t) a.prefetch.ptr[i] % 16 != 0 || a.prefetch.bytes[i] < 0 || a.prefetch.bytes[i] % 16 != 0) {
+            return "frt_gemv: a prefetch range 16-byte aligned, a multiple of 16 bytes";
+        }
+    }
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_type t = a.seg[i].type;
         if (t != FRT_GEMV_Q4_K && t != FRT_GEMV_Q6_K && t != FRT_GEMV_Q8_0 && t != FRT_GEMV_F32) {
@@ -377,6 +385,9 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
         }
         if (a.tail.out != nullptr) {
             return "frt_gemv: only the exact kernel computes an MoE tail";
+        }
+        if (a.prefetch.n != 0) {
+            return "frt_gemv: only the exact kernel prefetches later launches' weights";
         }
         for (int i = 0; i < a.n_segments; ++i) {
             if (a.seg[i].epilogue == FRT_GEMV_SWIGLU) {

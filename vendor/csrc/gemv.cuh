@@ -144,6 +144,17 @@ struct frt_gemv_moe_tail {
 
 constexpr int FRT_GEMV_TAIL_ROWS_A_COUNTER = 4;
 
+// Exact kernel only: weights that launches after this one read, prefetched into L2 by this launch's
+// blocks (each a share, once its wait is over), so that those launches stage them from L2 instead of
+// device memory. A hint: nothing is read into the launch, no result changes. Each range 16-byte
+// aligned and a multiple of 16 bytes long, in memory of the launch's device.
+constexpr int FRT_GEMV_MAX_PREFETCH = 4;
+struct frt_gemv_prefetch {
+    const void * ptr[FRT_GEMV_MAX_PREFETCH];
+    int64_t      bytes[FRT_GEMV_MAX_PREFETCH];
+    int          n;
+};
+
 struct frt_gemv_args {
     const float * x;            // input vectors, vector v at x + v * x_stride (elements), k floats each
     int64_t       x_stride;
@@ -181,6 +192,7 @@ struct frt_gemv_args {
     // rows start moving. Nothing is written. Every expert segment reads the same ids.
     const float * guess_logits;
     frt_gemv_moe_tail tail;
+    frt_gemv_prefetch prefetch;
 };
 
 // Which kernel frt_gemv runs. AUTO: the fastest measured: the head kernel where it applies (one

@@ -1009,6 +1009,77 @@ bool run_guess_case(std::mt19937_64 & rng) {
     return ok;
 }
 
+// A launch that prefetches later launches' weights into L2 (frt_gemv_args::prefetch): a Q4_K pack
+// with a residual, once without and once with three ranges (another matrix, its own weights, a
+// range smaller than a block's share). The hint must change no output bit and touch no padding.
+bool run_prefetch_case(std::mt19937_64 & rng) {
+    const int     k = 2048, rows = 4100, other_rows = 3000;
+    const int64_t row_bytes = gemv_ref::gguf_row_bytes(FRT_GEMV_Q4_K, k);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float>              x(k), residual(rows);
+    for (float & v : x) {
+        v = normal(rng);
+    }
+    for (float & v : residual) {
+        v = normal(rng);
+    }
+    std::vector<uint8_t> w((size_t) rows * row_bytes), other((size_t) other_rows * row_bytes);
+    for (int64_t r = 0; r < rows; ++r) {
+        gemv_ref::random_row(FRT_GEMV_Q4_K, k, w.data() + r * row_bytes, rng);
+    }
+    for (int64_t r = 0; r < other_rows; ++r) {
+        gemv_ref::random_row(FRT_GEMV_Q4_K, k, other.data() + r * row_bytes, rng);
+    }
+    float *      d_x        = upload(x);
+    float *      d_residual = upload(residual);
+    uint8_t *    d_w        = upload(w);
+    uint8_t *    d_other    = upload(other);
+    const size_t n          = (size_t) rows + 3;
+    float *      out[2]     = { upload_poisoned(n), upload_poisoned(n) };
+    bool         ok         = true;
+    for (int with = 0; with < 2 && ok; ++with) {
+        frt_gemv_args a{};
+        a.x = d_x, a.x_stride = k, a.k = k, a.tokens = 1, a.x_per_token = 1, a.n_segments = 1;
+        frt_gemv_segment & sg = a.seg[0];
+        sg.type = FRT_GEMV_Q4_K, sg.w = d_w, sg.rows = rows, sg.row_stride = row_bytes, sg.out = out[with];
+        sg.epilogue = FRT_GEMV_ADD, sg.residual = d_residual;
+        if (with) {
+            a.prefetch.n        = 3;
+            a.prefetch.ptr[0]   = d_other;
+            a.prefetch.bytes[0] = (int64_t) other.size() / 16 * 16;
+            a.prefetch.ptr[1]   = d_w;
+            a.prefetch.bytes[1] = (int64_t) w.size() / 16 * 16;
+            a.prefetch.ptr[2]   = d_other + 4096;
+            a.prefetch.bytes[2] = 48;
+        }
+        if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
+            std::printf("     prefetch: refused: %s\n", why);
+            ok = false;
+            break;
+        }
+        CHECK(frt_gemv(a, 0, FRT_GEMV_KERNEL_EXACT));
+    }
+    CHECK(cudaDeviceSynchronize());
+    int64_t bad = 0;
+    if (ok) {
+        const std::vector<uint32_t> got  = download((const uint32_t *) out[1], n);
+        const std::vector<uint32_t> want = download((const uint32_t *) out[0], n);
+        for (size_t at = 0; at < n; ++at) {
+            const bool good = at >= (size_t) rows ? got[at] == kPoison : got[at] == want[at] && got[at] != kPoison;
+            if (!good && bad++ < 5) {
+                std::printf("     prefetch element %zu: %08x, without %08x\n", at, got[at], want[at]);
+            }
+        }
+    }
+    for (void * m : { (void *) d_x, (void *) d_residual, (void *) d_w, (void *) d_other, (void *) out[0], (void *) out[1] }) {
+        CHECK(cudaFree(m));
+    }
+    ok = ok && bad == 0;
+    std::printf("%-4s %-34s exact k=%5d outputs=%9d  bit for bit the launch without the prefetch\n", ok ? "ok" : "FAIL",
+                "prefetching later weights", k, rows);
+    return ok;
+}
+
 // The MoE FFN's tail in the experts' down launch (frt_gemv_args::tail), as MATVEC launches it:
 // every output bit for bit the launch without it followed by frt_moe_tail's kernel. Q8_0 rows, so
 // that the row count (2046) leaves a partial group of the counters'. Two launches on the same
@@ -1245,6 +1316,17 @@ bool run_refusals() {
         { "a guess without experts (exact)", [](frt_gemv_args & a) { a.guess_logits = a.x; },
           FRT_GEMV_KERNEL_EXACT },
         { "a guess on the register kernel", [](frt_gemv_args & a) { a.guess_logits = a.x; } },
+        { "a prefetch on the register kernel", [](frt_gemv_args & a) {
+              a.prefetch.n        = 1;
+              a.prefetch.ptr[0]   = a.x;
+              a.prefetch.bytes[0] = 16;
+          } },
+        { "a prefetch range of 8 bytes (exact)", [](frt_gemv_args & a) {
+              a.prefetch.n        = 1;
+              a.prefetch.ptr[0]   = a.x;
+              a.prefetch.bytes[0] = 8;
+          }, FRT_GEMV_KERNEL_EXACT },
+        { "5 prefetch ranges (exact)", [](frt_gemv_args & a) { a.prefetch.n = 5; }, FRT_GEMV_KERNEL_EXACT },
         { "own input on the register kernel", [](frt_gemv_args & a) { a.seg[0].x = a.x; } },
         { "an MoE tail on the register kernel", [](frt_gemv_args & a) {
               a.tail.residual = a.tail.out = a.seg[0].out;
@@ -1485,7 +1567,7 @@ int main(int argc, char ** argv) {
         failed += run_norm_case(nc, rng) ? 0 : 1;
         ++total;
     }
-    for (bool (*run)(std::mt19937_64 &) : { run_own_input_case, run_guess_case, run_tail_case }) {
+    for (bool (*run)(std::mt19937_64 &) : { run_own_input_case, run_guess_case, run_prefetch_case, run_tail_case }) {
         failed += run(rng) ? 0 : 1;
         ++total;
     }
