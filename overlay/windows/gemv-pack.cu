@@ -728,11 +728,20 @@ static bool l2_prefetch_enabled() {
 static constexpr int     prefetch_lookahead = 96;
 static constexpr int64_t prefetch_budget    = 16 << 20;
 
+// Whether w is model weights in plain memory of this device (a model-weights buffer that is not
+// host memory and no split tensor's), 16-byte aligned: what a launch may prefetch.
+static bool prefetchable(const ggml_tensor * w) {
+    return w != nullptr && w->buffer != nullptr && w->extra == nullptr &&
+           ggml_backend_buffer_get_usage(w->buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS &&
+           !ggml_backend_buffer_is_host(w->buffer) && (uintptr_t) w->data % 16 == 0;
+}
+
 // An exact launch's prefetch (frt_gemv_args::prefetch): the model weights of the dense matvecs
 // after its nodes, in graph order, until the budget, FRT_GEMV_MAX_PREFETCH tensors or the lookahead
-// run out. Routed experts' matrices are passed over: which experts is not known here. The weights
-// must be plain memory of this device (a model-weights buffer that is not host memory and no split
-// tensor's), 16-byte aligned; the bytes are rounded down to 16.
+// run out; the bytes rounded down to 16. Routed experts' matrices are passed over (which experts is
+// not known here), except in a launch that selects the experts itself: the next routed matvec that
+// reads the ids it writes (the experts' down projection after their gate/up) has those experts'
+// matrices prefetched whole.
 static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, frt_gemv_args & a) {
     if (!l2_prefetch_enabled()) {
         return;
@@ -749,10 +758,16 @@ static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & p
                            a.prefetch.n < FRT_GEMV_MAX_PREFETCH;
          ++i) {
         const ggml_tensor * mm = cgraph->nodes[i];
-        const ggml_tensor * w  = mm->op == GGML_OP_MUL_MAT ? mm->src[0] : nullptr;
-        if (w == nullptr || w->buffer == nullptr || w->extra != nullptr ||
-            ggml_backend_buffer_get_usage(w->buffer) != GGML_BACKEND_BUFFER_USAGE_WEIGHTS ||
-            ggml_backend_buffer_is_host(w->buffer) || (uintptr_t) w->data % 16 != 0) {
+        if (mm->op == GGML_OP_MUL_MAT_ID && a.route_logits != nullptr && a.prefetch.experts == nullptr &&
+            mm->src[2] != nullptr && mm->src[2]->data == (void *) a.route_ids && prefetchable(mm->src[0]) &&
+            mm->src[0]->ne[2] == a.route_n_experts && mm->src[0]->nb[2] % 16 == 0) {
+            a.prefetch.experts       = mm->src[0]->data;
+            a.prefetch.expert_stride = (int64_t) mm->src[0]->nb[2];
+            a.prefetch.expert_bytes  = (int64_t) mm->src[0]->nb[2];
+            continue;
+        }
+        const ggml_tensor * w = mm->op == GGML_OP_MUL_MAT ? mm->src[0] : nullptr;
+        if (!prefetchable(w)) {
             continue;
         }
         bool seen = false;

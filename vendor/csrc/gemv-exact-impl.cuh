@@ -526,6 +526,31 @@ static __device__ __forceinline__ void exact_prefetch_later(const exact_params &
     }
 }
 
+// The block's share of the selected experts' prefetch (frt_gemv_prefetch::experts), for the blocks
+// of an expert segment, which know the selection (`routed`): the n_used experts' expert_bytes end to
+// end, split in 16-byte multiples over the segment's blocks.
+static __device__ __forceinline__ void exact_prefetch_experts(const exact_params & p, const exact_seg & s,
+                                                              const int * routed) {
+    if (p.prefetch.experts == nullptr || threadIdx.x != 0) {
+        return;
+    }
+    const int64_t each  = p.prefetch.expert_bytes;
+    const int64_t total = (int64_t) p.route_n_used * each;
+    const int64_t share = (total / (p.route_n_used * s.chunks) + 15) / 16 * 16;
+    const int64_t from = (int64_t) (blockIdx.x - s.block_begin) * share, to = min(total, from + share);
+    for (int64_t piece = from; piece < to;) {
+        const int      j    = (int) (piece / each);
+        const int64_t  in   = piece % each;
+        const uint32_t size = (uint32_t) min(min(to - piece, each - in), (int64_t) 1 << 20);
+        const int      e    = routed[j];
+        if (e >= 0 && e < p.route_ept * 32) {
+            const uint8_t * src = (const uint8_t *) p.prefetch.experts + (int64_t) e * p.prefetch.expert_stride + in;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(size) : "memory");
+        }
+        piece += size;
+    }
+}
+
 // Writes a row's value (plus its residual with FRT_GEMV_ADD; times silu of its gate row's value
 // with FRT_GEMV_SWIGLU, as mmvq's fused GLU epilogue multiplies).
 static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot, int row, float v, float gate = 0.0f) {
@@ -608,6 +633,9 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
     const bool valid = exact_matrix(s, slot, off, route ? routed : nullptr);
     if (STAGED && valid && s.ids != nullptr) {
         copy();
+    }
+    if (route && s.ids != nullptr) {  // behind this block's own copies
+        exact_prefetch_experts(p, s, routed);
     }
     return valid;
 }

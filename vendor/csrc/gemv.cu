@@ -328,6 +328,16 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
             return "frt_gemv: a prefetch range 16-byte aligned, a multiple of 16 bytes";
         }
     }
+    if (a.prefetch.experts != nullptr) {
+        const frt_gemv_prefetch & f = a.prefetch;
+        if (a.route_logits == nullptr) {
+            return "frt_gemv: experts' prefetch in a launch that routes";
+        }
+        if ((uintptr_t) f.experts % 16 != 0 || f.expert_stride % 16 != 0 || f.expert_bytes <= 0 ||
+            f.expert_bytes % 16 != 0 || f.expert_bytes > f.expert_stride) {
+            return "frt_gemv: experts' prefetch 16-byte aligned, multiples of 16 bytes, within an expert";
+        }
+    }
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_type t = a.seg[i].type;
         if (t != FRT_GEMV_Q4_K && t != FRT_GEMV_Q6_K && t != FRT_GEMV_Q8_0 && t != FRT_GEMV_F32) {
@@ -386,7 +396,7 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
         if (a.tail.out != nullptr) {
             return "frt_gemv: only the exact kernel computes an MoE tail";
         }
-        if (a.prefetch.n != 0) {
+        if (a.prefetch.n != 0 || a.prefetch.experts != nullptr) {
             return "frt_gemv: only the exact kernel prefetches later launches' weights";
         }
         for (int i = 0; i < a.n_segments; ++i) {

@@ -153,6 +153,11 @@ struct frt_gemv_prefetch {
     const void * ptr[FRT_GEMV_MAX_PREFETCH];
     int64_t      bytes[FRT_GEMV_MAX_PREFETCH];
     int          n;
+    // A launch that routes (route_logits) only, non-null: the first expert_bytes of each expert
+    // it selects among the matrices at experts + e x expert_stride (a later launch's experts, read
+    // with the same ids; as many experts as route_n_experts). 16-byte aligned, multiples of 16.
+    const void * experts;
+    int64_t      expert_stride, expert_bytes;
 };
 
 struct frt_gemv_args {

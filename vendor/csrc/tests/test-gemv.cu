@@ -724,6 +724,16 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
             a.route_scale     = kScale;
             a.route_ids       = d_route_ids;
             a.route_weights   = d_route_weights;
+            // The selected experts' gate matrices prefetched as another launch's would be (an L2
+            // hint: the sums must not move).
+            for (const pair & p : pairs) {
+                const int64_t stride = (int64_t) p.rows * row_bytes;
+                if (p.experts && stride % 16 == 0) {
+                    a.prefetch.experts       = p.gate;
+                    a.prefetch.expert_stride = stride;
+                    a.prefetch.expert_bytes  = stride;
+                }
+            }
         }
         if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
             std::printf("     %s: refused: %s\n", gc.name.c_str(), why);
@@ -1327,6 +1337,11 @@ bool run_refusals() {
               a.prefetch.bytes[0] = 8;
           }, FRT_GEMV_KERNEL_EXACT },
         { "5 prefetch ranges (exact)", [](frt_gemv_args & a) { a.prefetch.n = 5; }, FRT_GEMV_KERNEL_EXACT },
+        { "experts' prefetch without routing (exact)", [](frt_gemv_args & a) {
+              a.prefetch.experts       = a.x;
+              a.prefetch.expert_stride = 16;
+              a.prefetch.expert_bytes  = 16;
+          }, FRT_GEMV_KERNEL_EXACT },
         { "own input on the register kernel", [](frt_gemv_args & a) { a.seg[0].x = a.x; } },
         { "an MoE tail on the register kernel", [](frt_gemv_args & a) {
               a.tail.residual = a.tail.out = a.seg[0].out;
