@@ -17,7 +17,9 @@
 # CASES_WITH="ENV=VALUE ...": check runs the FlashRT cases under these settings (beside the
 # default) instead of under each experiment. TESTS_WITH: the settings (';' between them) check runs
 # the vendor tests under beside the default instead of each experiment's; TESTS_WITH= none (the
-# tests under 5 settings outlast the build: ~75 s a setting).
+# tests under 5 settings outlast the build: ~75 s a setting). GEMV_HOT=1: check runs gemv-bench's
+# exact rows once more with the weights resident in L2 between replays (--stream-mib 0: the most a
+# launch can gain from weights prefetched into L2).
 # Needs .xtask/device/ carried (bench/README.md) with vendor-tests.tar.xz: the vendor tests built on
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
 # packed with `tar -cf - test-* | xz -9 -T1` (gemv-bench beside them, bench/tools/gemv-bench.cu
@@ -112,6 +114,10 @@ check)
             timeout 180 env "${ab[@]}" /tmp/vendor-tests/gemv-bench "$out/gemv-bench-ab$i.jsonl" --tokens 1 --impls frt-exact \
                 > "$out/gemv-bench-ab$i.md" 2>> "$out/gemv-bench.err"
         done
+        if [ "${GEMV_HOT:-0}" = 1 ]; then
+            timeout 180 /tmp/vendor-tests/gemv-bench "$out/gemv-bench-hot.jsonl" --tokens 1 --impls frt-exact \
+                --stream-mib 0 > "$out/gemv-bench-hot.md" 2>> "$out/gemv-bench.err"
+        fi
         python3 - "$out" "${experiments[@]}" <<'PY' | while read -r line; do say "$line"; done
 import json, sys
 out, names = sys.argv[1], ["default"] + sys.argv[2:]
@@ -128,9 +134,18 @@ for i, name in enumerate(names):
         if r.get("impl") == "frt-exact":
             rows[r["shape"]] = r["us_median"]
     runs.append(rows)
-print("gemv-bench frt-exact µs: shape | " + " | ".join(names))
+hot = {}
+try:
+    for line in open(f"{out}/gemv-bench-hot.jsonl").read().splitlines():
+        r = json.loads(line)
+        if r.get("impl") == "frt-exact":
+            hot[r["shape"]] = r["us_median"]
+except FileNotFoundError:  # GEMV_HOT not set, or the run did not get that far
+    pass
+print("gemv-bench frt-exact µs: shape | " + " | ".join(names) + (" | default, weights in L2" if hot else ""))
 for shape in runs[0]:
-    print(f"gemv-bench {shape} | " + " | ".join(f"{r.get(shape, float('nan')):.2f}" for r in runs))
+    cells = [f"{r.get(shape, float('nan')):.2f}" for r in runs] + ([f"{hot.get(shape, float('nan')):.2f}"] if hot else [])
+    print(f"gemv-bench {shape} | " + " | ".join(cells))
 PY
     fi
     wait $build || { tail -30 "$out/build.log"; say "build FAILED"; exit 1; }
