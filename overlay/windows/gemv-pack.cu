@@ -737,11 +737,12 @@ static bool prefetchable(const ggml_tensor * w) {
 }
 
 // An exact launch's prefetch (frt_gemv_args::prefetch): the model weights of the dense matvecs
-// after its nodes, in graph order, until the budget, FRT_GEMV_MAX_PREFETCH tensors or the lookahead
-// run out; the bytes rounded down to 16. Routed experts' matrices are passed over (which experts is
-// not known here), except in a launch that selects the experts itself: the next routed matvec that
-// reads the ids it writes (the experts' down projection after their gate/up) has those experts'
-// matrices prefetched whole.
+// after its nodes, in graph order, up to the next routed experts' matvec (whose own copies, issued
+// once their experts are known, should not queue behind prefetches), until the budget,
+// FRT_GEMV_MAX_PREFETCH tensors or the lookahead run out; the bytes rounded down to 16. Which
+// experts that matvec reads is not known here, except in a launch that selects them itself: when
+// it reads the ids this launch writes (the experts' down projection after their gate/up), those
+// experts' matrices are prefetched whole.
 static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, frt_gemv_args & a) {
     if (!l2_prefetch_enabled()) {
         return;
@@ -764,7 +765,9 @@ static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & p
             a.prefetch.experts       = mm->src[0]->data;
             a.prefetch.expert_stride = (int64_t) mm->src[0]->nb[2];
             a.prefetch.expert_bytes  = (int64_t) mm->src[0]->nb[2];
-            continue;
+        }
+        if (mm->op == GGML_OP_MUL_MAT_ID) {
+            break;
         }
         const ggml_tensor * w = mm->op == GGML_OP_MUL_MAT ? mm->src[0] : nullptr;
         if (!prefetchable(w)) {
