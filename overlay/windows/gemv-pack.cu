@@ -742,7 +742,8 @@ static bool prefetchable(const ggml_tensor * w) {
 // FRT_GEMV_MAX_PREFETCH tensors or the lookahead run out; the bytes rounded down to 16. Which
 // experts that matvec reads is not known here, except in a launch that selects them itself: when
 // it reads the ids this launch writes (the experts' down projection after their gate/up), those
-// experts' matrices are prefetched whole.
+// experts' matrices are prefetched whole. Every range meets frt_gemv_unsupported's rules by
+// construction (prefetchable, 16-byte multiples, at most FRT_GEMV_MAX_PREFETCH).
 static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, frt_gemv_args & a) {
     if (!l2_prefetch_enabled()) {
         return;
@@ -784,9 +785,6 @@ static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & p
         a.prefetch.ptr[a.prefetch.n]     = w->data;
         a.prefetch.bytes[a.prefetch.n++] = bytes;
         left -= bytes;
-    }
-    if (frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {
-        a.prefetch = frt_gemv_prefetch();
     }
 }
 

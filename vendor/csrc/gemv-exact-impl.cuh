@@ -502,9 +502,25 @@ static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * 
     return vec - first;
 }
 
+// Bytes [from, to) of `total` that part `part` of `parts` takes: shares of 16-byte multiples.
+static __device__ __forceinline__ void exact_share(int64_t total, int parts, int part, int64_t & from, int64_t & to) {
+    const int64_t share = (total / parts + 15) / 16 * 16;
+    from                = (int64_t) part * share;
+    to                  = min(total, from + share);
+}
+
+// Bytes [src, src + bytes) into L2 (16-byte aligned, a multiple of 16), in bulk prefetches of at
+// most 1 MB (the size operand is 32-bit).
+static __device__ __forceinline__ void exact_prefetch_l2(const uint8_t * src, int64_t bytes) {
+    for (int64_t at = 0; at < bytes; at += 1 << 20) {
+        const uint32_t size = (uint32_t) min(bytes - at, (int64_t) 1 << 20);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + at), "r"(size) : "memory");
+    }
+}
+
 // The block's share of the launch's prefetch ranges (frt_gemv_args::prefetch) into L2: the ranges
-// end to end, split in 16-byte multiples over the blocks, thread 0 issuing one bulk prefetch per
-// range its share touches. After the wait, so that these reads queue behind the block's own copies.
+// end to end, split over the blocks, thread 0 prefetching what its share covers of each. After the
+// wait, so that these reads queue behind the block's own copies.
 static __device__ __forceinline__ void exact_prefetch_later(const exact_params & p) {
     if (p.prefetch.n == 0 || threadIdx.x != 0) {
         return;
@@ -513,41 +529,35 @@ static __device__ __forceinline__ void exact_prefetch_later(const exact_params &
     for (int i = 0; i < p.prefetch.n; ++i) {
         total += p.prefetch.bytes[i];
     }
-    const int64_t share = (total / gridDim.x + 15) / 16 * 16;
-    const int64_t from = (int64_t) blockIdx.x * share, to = min(total, from + share);
-    int64_t       at   = 0;  // where range i starts, end to end
+    int64_t from, to;
+    exact_share(total, gridDim.x, blockIdx.x, from, to);
+    int64_t at = 0;  // where range i starts, end to end
     for (int i = 0; i < p.prefetch.n && at < to; at += p.prefetch.bytes[i], ++i) {
         const int64_t lo = max(from, at), hi = min(to, at + p.prefetch.bytes[i]);
-        for (int64_t piece = lo; piece < hi; piece += 1 << 20) {  // the size operand is 32-bit
-            const uint8_t * src  = (const uint8_t *) p.prefetch.ptr[i] + (piece - at);
-            const uint32_t  size = (uint32_t) min(hi - piece, (int64_t) 1 << 20);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(size) : "memory");
+        if (lo < hi) {
+            exact_prefetch_l2((const uint8_t *) p.prefetch.ptr[i] + (lo - at), hi - lo);
         }
     }
 }
 
 // The block's share of the selected experts' prefetch (frt_gemv_prefetch::experts), for the blocks
 // of an expert segment, which know the selection (`routed`): the n_used experts' expert_bytes end to
-// end, split in 16-byte multiples over the segment's blocks.
+// end, split over the segment's blocks.
 static __device__ __forceinline__ void exact_prefetch_experts(const exact_params & p, const exact_seg & s,
                                                               const int * routed) {
     if (p.prefetch.experts == nullptr || threadIdx.x != 0) {
         return;
     }
-    const int64_t each  = p.prefetch.expert_bytes;
-    const int64_t total = (int64_t) p.route_n_used * each;
-    const int64_t share = (total / (p.route_n_used * s.chunks) + 15) / 16 * 16;
-    const int64_t from = (int64_t) (blockIdx.x - s.block_begin) * share, to = min(total, from + share);
-    for (int64_t piece = from; piece < to;) {
-        const int      j    = (int) (piece / each);
-        const int64_t  in   = piece % each;
-        const uint32_t size = (uint32_t) min(min(to - piece, each - in), (int64_t) 1 << 20);
-        const int      e    = routed[j];
+    const int64_t each = p.prefetch.expert_bytes;
+    int64_t       from, to;
+    exact_share((int64_t) p.route_n_used * each, p.route_n_used * s.chunks, blockIdx.x - s.block_begin, from, to);
+    for (int64_t at = from; at < to;) {  // at: in expert slot at / each
+        const int64_t in = at % each, bytes = min(to - at, each - in);
+        const int     e  = routed[at / each];
         if (e >= 0 && e < p.route_ept * 32) {
-            const uint8_t * src = (const uint8_t *) p.prefetch.experts + (int64_t) e * p.prefetch.expert_stride + in;
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(size) : "memory");
+            exact_prefetch_l2((const uint8_t *) p.prefetch.experts + (int64_t) e * p.prefetch.expert_stride + in, bytes);
         }
-        piece += size;
+        at += bytes;
     }
 }
 
