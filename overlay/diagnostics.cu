@@ -1,11 +1,14 @@
 #include "diagnostics.cuh"
 #include "fa4.cuh"
+#include "gemv.cuh"
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 static bool env_is_one(const char * name) {
     const char * v = std::getenv(name);
@@ -146,4 +149,82 @@ void flashrt_dump_graph(const ggml_cgraph * cgraph,
     }
     std::fclose(f);
     ++written;
+}
+
+namespace {
+struct exact_trace_state {
+    std::mutex                                           mutex;
+    bool                                                 started = false, on = false;
+    std::map<uintptr_t, std::pair<std::string, std::string>> names;  // first segment's weights -> window, weights
+};
+
+exact_trace_state & exact_trace() {
+    static exact_trace_state state;
+    return state;
+}
+
+const char * exact_trace_path() {
+    static const char * path = std::getenv("GGML_FLASHRT_EXACT_TRACE");
+    return path != nullptr && *path != '\0' ? path : nullptr;
+}
+}  // namespace
+
+void flashrt_exact_trace_begin() {
+    if (exact_trace_path() == nullptr) {
+        return;
+    }
+    exact_trace_state &         t = exact_trace();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    if (t.started) {
+        return;
+    }
+    t.started             = true;
+    const cudaError_t err = frt_gemv_trace(1 << 19);
+    t.on                  = err == cudaSuccess;
+    if (!t.on) {
+        GGML_LOG_WARN("FlashRT: GGML_FLASHRT_EXACT_TRACE: no trace (%s)\n", cudaGetErrorString(err));
+    }
+}
+
+bool flashrt_exact_trace_on() {
+    return exact_trace_path() != nullptr && exact_trace().on;
+}
+
+void flashrt_exact_trace_name(const void * w, const char * window, const std::string & weights) {
+    exact_trace_state &         t = exact_trace();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.names[(uintptr_t) w] = { window, weights };
+}
+
+void flashrt_exact_trace_write() {
+    if (!flashrt_exact_trace_on()) {
+        return;
+    }
+    exact_trace_state &         t = exact_trace();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    std::vector<frt_gemv_trace_record> records(1 << 19);
+    int                                n   = 0;
+    const cudaError_t                  err = frt_gemv_trace_records(records.data(), (int) records.size(), &n);
+    if (err != cudaSuccess) {
+        GGML_LOG_WARN("FlashRT: GGML_FLASHRT_EXACT_TRACE: cannot read the trace (%s)\n", cudaGetErrorString(err));
+        return;
+    }
+    std::FILE * f = std::fopen(exact_trace_path(), "w");
+    if (f == nullptr) {
+        GGML_LOG_WARN("FlashRT: cannot write GGML_FLASHRT_EXACT_TRACE=%s\n", exact_trace_path());
+        return;
+    }
+    std::fprintf(f, "#launch\ttag\twindow\tweights\n");
+    for (const auto & [tag, name] : t.names) {
+        std::fprintf(f, "launch\t%llx\t%s\t%s\n", (unsigned long long) tag, name.first.c_str(), name.second.c_str());
+    }
+    std::fprintf(f, "#block\ttag\tblock\tgrid\tsm\tkind\tstart_ns\tend_ns\twaited\tissued\tprologue\tlanded\t"
+                    "products\tstored\n");
+    for (int i = 0; i < n; ++i) {
+        const frt_gemv_trace_record & r = records[i];
+        std::fprintf(f, "block\t%llx\t%u\t%u\t%u\t%u\t%llu\t%llu\t%u\t%u\t%u\t%u\t%u\t%u\n", (unsigned long long) r.tag,
+                     r.block, r.grid, r.sm, r.kind, (unsigned long long) r.start_ns, (unsigned long long) r.end_ns, r.waited,
+                     r.issued, r.prologue, r.landed, r.products, r.stored);
+    }
+    std::fclose(f);
 }

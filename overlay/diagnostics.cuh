@@ -6,6 +6,7 @@
 //                               computed graphs, with the window that covers each node
 //   FRT_STATS=1                 at exit: per-window hits, nodes covered, total nodes, repack cache
 //   GGML_FLASHRT_LAUNCH_LOG=<file>  the weight-reading launches windows make (flashrt_log_launch)
+//   GGML_FLASHRT_EXACT_TRACE=<file> each exact GEMV block's phases in decode (frt_gemv_trace)
 
 #include "registry.cuh"
 
@@ -50,3 +51,14 @@ void flashrt_log_launch(const char * window, uint64_t bytes, const std::string &
 // `labels` names, for each node, the window that would take it (nullptr: stock).
 void flashrt_dump_graph(const ggml_cgraph * cgraph,
                         std::vector<const char *> (*labels)(const ggml_cgraph * cgraph));
+
+// GGML_FLASHRT_EXACT_TRACE=<file>: the exact GEMV kernel's trace (frt_gemv_trace in vendor/csrc/gemv.cuh:
+// a record of each block's phases, CUDA graph replays included, in a ring of the latest 2^19 blocks,
+// ~10 decode steps of qwen36). Started by the first graph evaluation (outside capture); each
+// context's end writes the ring and the launches' names to the file (replaced each time),
+// tab-separated, for bench/tools/exact-trace.py.
+void flashrt_exact_trace_begin();
+bool flashrt_exact_trace_on();
+// The launch whose first segment reads `w`: its window and weights' names, for the file.
+void flashrt_exact_trace_name(const void * w, const char * window, const std::string & weights);
+void flashrt_exact_trace_write();

@@ -311,6 +311,7 @@ bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
     }
     flashrt_stats & stats = flashrt_global_stats();
     stats.begins++;
+    flashrt_exact_trace_begin();  // outside any capture: it allocates
     // Only an opt-in window reads inputs on the host: decode replays pay nothing for this.
     static const bool prefill_fa4 = flashrt_window_enabled("PREFILL_FA4");
     const bool        uncaptured  = prefill_fa4 && flashrt_prefill_fa4_reads_host(cgraph);
@@ -326,6 +327,7 @@ bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph 
 }
 
 void ggml_cuda_flashrt_free_context(ggml_backend_cuda_context & ctx) {
+    flashrt_exact_trace_write();
     flashrt_repack_free(ctx);
     flashrt_free_counters(ctx);
     flashrt_prepared_graphs & p = prepared_graphs();

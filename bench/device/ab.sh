@@ -14,6 +14,9 @@
 # AB: the experiments' settings, e.g. AB="GGML_FLASHRT_HEAD_KERNEL=0": within one experiment
 # space-separated, experiments separated by ';' (AB="A=1;A=1 B=4"). ROUNDS: bench rounds (3).
 # AB_PARITY=1: the 4-layer parity under each experiment too (for one that is not stock's bits).
+# TRACE=1: bench and compare end with the exact kernel's trace of a tg64 run (GGML_FLASHRT_EXACT_TRACE,
+# summarised by bench/tools/exact-trace.py: each launch's blocks, phase by phase), of the default and
+# under TRACE_WITH="ENV=VALUE ..." when set.
 # CASES_WITH="ENV=VALUE ...": check runs the FlashRT cases under these settings (beside the
 # default) instead of under each experiment. TESTS_WITH: the settings (';' between them) check runs
 # the vendor tests under beside the default instead of each experiment's; TESTS_WITH= none (the
@@ -54,6 +57,25 @@ parity() {  # MODEL [NAME ENV=VALUE ...]: cargo xtask parity, under the settings
     log="$out/parity-$(basename "$model" .gguf)${name:+-$name}.log"
     env "$@" "$xtask" parity --model "$model" --arch 90a > "$log" 2>&1
     say "parity $(basename "$model")${name:+ ($*)}: $(grep -E '^\| overlay vs stock' "$log") $(tail -1 "$log")"
+}
+
+trace() {  # NAME [ENV=VALUE ...]: the exact kernel's blocks in a tg64 run (GGML_FLASHRT_EXACT_TRACE), summarised
+    local name=$1 tsv=/tmp/exact-trace-$1.tsv
+    shift
+    rm -f "$tsv"
+    env "$@" GGML_FLASHRT_EXACT_TRACE="$tsv" "$bin/llama-bench" -m "$model" -ngl 99 -fa 1 -r 1 -p 0 -n 64 \
+        > "$out/trace-$name.log" 2>&1
+    python3 bench/tools/exact-trace.py "$tsv" --launches "$out/exact-trace-$name.tsv" > "$out/exact-trace-$name.md" 2>&1
+    say "exact trace $name: $(head -1 "$out/exact-trace-$name.md") $(tail -1 "$out/exact-trace-$name.md")"
+}
+
+traces() {  # TRACE=1: the trace of the default, and under TRACE_WITH's settings when set
+    [ "${TRACE:-0}" = 1 ] || return 0
+    trace default
+    if [ -n "${TRACE_WITH:-}" ]; then
+        read -r -a ab <<< "$TRACE_WITH"
+        trace with "${ab[@]}"
+    fi
 }
 
 bench_and_parity() {  # bench of stock, the default and the experiments interleaved; 4-layer parity
@@ -176,6 +198,7 @@ PY
 bench)
     [ -x "$bin/llama-bench" ] || { say "no build here: run 'ab.sh check' first, within 30 s"; exit 1; }
     bench_and_parity
+    traces
     ;;
 compare)
     [ -x "$bin/llama-bench" ] || { say "no build here: run 'ab.sh check' first, within 30 s"; exit 1; }
@@ -185,6 +208,7 @@ compare)
         profile "ab$i" "${ab[@]}"
     done
     parity "$model"
+    traces
     ;;
 *)
     echo "ab.sh: phase $phase is not check, bench or compare" >&2

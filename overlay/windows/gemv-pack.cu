@@ -619,7 +619,7 @@ static const char * kernel_miss(const ggml_cgraph * cgraph, const flashrt_gemv_p
 }
 
 // The launch's line in GGML_FLASHRT_LAUNCH_LOG: the bytes of weights it reads (every expert slot
-// a matrix, as the kernel reads them) and their tensor names.
+// a matrix, as the kernel reads them) and their tensor names; and its name in the exact trace.
 static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack, const frt_gemv_args & a,
                        const char * window) {
     uint64_t    bytes = 0;
@@ -641,7 +641,12 @@ static void log_launch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pac
                  (glu ? std::string(node->src[0]->src[0]->name) + " / " + node->src[1]->src[0]->name
                       : std::string(node->src[0]->name));
     }
-    flashrt_log_launch(window, bytes, names);
+    if (flashrt_launch_log_enabled()) {
+        flashrt_log_launch(window, bytes, names);
+    }
+    if (flashrt_exact_trace_on() && a.n_segments > 0) {
+        flashrt_exact_trace_name(a.seg[0].w, window, names);
+    }
 }
 
 // How far before a routed experts' matvec its top-k run is looked for.
@@ -814,7 +819,7 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
     if (tail_apart) {
         flashrt_run_moe_tail_at(ctx, cgraph, pack.tail);
     }
-    if (flashrt_launch_log_enabled()) {
+    if (flashrt_launch_log_enabled() || flashrt_exact_trace_on()) {
         log_launch(cgraph, pack, a, window);
     }
 }

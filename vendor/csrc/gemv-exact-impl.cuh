@@ -96,8 +96,117 @@ struct exact_params {
     // GGML_FLASHRT_EXACT_TRIGGER=1, an experiment).
     int           dependents_at_start;
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
+    // Experiments (GGML_FLASHRT_EXACT_NORM_EARLY=1, GGML_FLASHRT_EXACT_RESIDUAL_EARLY=1): the norm's
+    // weights prefetched into L1 before the wait, the residual rows of an FRT_GEMV_ADD segment right
+    // after it, so that neither is a device-memory round trip on the chain after the wait.
+    int           norm_early, residual_early;
+    // frt_gemv_trace: non-null, each block writes a record at its end.
+    frt_gemv_trace_record * trace;
+    unsigned long long *    trace_cursor;
+    int                     trace_capacity;
     exact_seg     seg[FRT_GEMV_MAX_SEGMENTS];
 };
+
+// The trace's marks (frt_gemv_trace_record), noted by thread 0 in shared memory, so that no
+// register is held across the kernel for them.
+enum exact_mark : int { kMarkWaited, kMarkIssued, kMarkPrologue, kMarkLanded, kMarkProducts, kMarks };
+struct exact_trace_marks {
+    uint64_t start_ns;
+    unsigned start, at[kMarks];  // %clock (32 bits: a mark costs one register; differences wrap alike)
+};
+
+static __device__ __forceinline__ exact_trace_marks & exact_marks() {
+    __shared__ exact_trace_marks marks;
+    return marks;
+}
+
+static __device__ __forceinline__ unsigned exact_clock() {
+    unsigned c = 0;
+#if defined(__CUDA_ARCH__)
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
+#endif
+    return c;
+}
+
+static __device__ __forceinline__ uint64_t exact_globaltimer() {
+    uint64_t t = 0;
+#if defined(__CUDA_ARCH__)
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+#endif
+    return t;
+}
+
+// TRACE: the kernel instance that writes them (its own instance: the marks' registers made ptxas
+// spill in the others).
+template <bool TRACE> static __device__ __forceinline__ void exact_trace_start(const exact_params & p) {
+    if (TRACE && threadIdx.x == 0) {
+        exact_trace_marks & m = exact_marks();
+        m.start               = exact_clock();
+        m.start_ns            = exact_globaltimer();
+#pragma unroll
+        for (int i = 0; i < kMarks; ++i) {
+            m.at[i] = m.start;
+        }
+    }
+}
+
+template <bool TRACE> static __device__ __forceinline__ void exact_trace_mark(int mark) {
+    if (TRACE && threadIdx.x == 0) {
+        exact_marks().at[mark] = exact_clock();
+    }
+}
+
+// The block's record, once its rows are stored (thread 0's stores: its view of the block's end).
+template <bool TRACE> static __device__ void exact_trace_end(const exact_params & p, const exact_seg & s, bool glu) {
+    if (!TRACE || threadIdx.x != 0) {
+        return;
+    }
+    const exact_trace_marks & m = exact_marks();
+    frt_gemv_trace_record     r;
+    r.stored   = exact_clock() - m.start;
+    r.end_ns   = exact_globaltimer();
+    r.tag      = (uint64_t) (uintptr_t) p.seg[0].w;
+    r.block    = blockIdx.x;
+    r.grid     = gridDim.x;
+    unsigned sm = 0;
+#if defined(__CUDA_ARCH__)
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+#endif
+    r.sm       = sm;
+    r.kind     = (unsigned) s.type | (unsigned) p.n_segments << 8 | (glu ? 1u : 0u) << 16 |
+             (p.route_logits != nullptr ? 1u : 0u) << 17 | (p.guess_logits != nullptr ? 1u : 0u) << 18 |
+             (p.norm != nullptr ? 1u : 0u) << 19;
+    r.start_ns = m.start_ns;
+    r.waited   = m.at[kMarkWaited] - m.start;
+    r.issued   = m.at[kMarkIssued] - m.start;
+    r.prologue = m.at[kMarkPrologue] - m.start;
+    r.landed   = m.at[kMarkLanded] - m.start;
+    r.products = m.at[kMarkProducts] - m.start;
+    const unsigned long long at = atomicAdd(p.trace_cursor, 1ull) % (unsigned long long) p.trace_capacity;
+    p.trace[at]                 = r;
+}
+
+// NORM_EARLY: the norm's k floats into L1 (a 128-byte line a thread), before the wait: weights, which
+// no kernel writes.
+static __device__ __forceinline__ void exact_norm_early(const exact_params & p) {
+    if (p.norm_early && p.norm != nullptr && (int) threadIdx.x < p.k / 32) {
+#if defined(__CUDA_ARCH__)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(p.norm + 32 * threadIdx.x));
+#endif
+    }
+}
+
+// RESIDUAL_EARLY: the residual of the block's rows [row0, row0 + n) into L1, after the wait (an
+// earlier kernel wrote it), so that the store's read of it does not wait on L2 or device memory.
+static __device__ __forceinline__ void exact_residual_early(const exact_params & p, const exact_seg & s, int slot,
+                                                            int row0, int n) {
+    if (p.residual_early && s.epilogue == FRT_GEMV_ADD && (int) threadIdx.x < (n + 31) / 32) {
+#if defined(__CUDA_ARCH__)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(s.residual + (int64_t) slot * s.residual_stride + row0 +
+                                                         32 * threadIdx.x));
+#endif
+    }
+}
 
 // A 4-byte word of weights at a 2-byte aligned address (GGUF Q6_K and Q8_0 blocks are 210 and 34
 // bytes), as two 16-bit loads.
@@ -612,7 +721,7 @@ static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slo
 // other bits) are copied again, once this thread's copies in flight have landed.
 // GUESS: the instance has the guessing path (not the SwiGLU gate/up's, which routes in its launch
 // and spills with it).
-template <bool STAGED, bool GUESS, typename COPY>
+template <bool STAGED, bool GUESS, bool TRACE, typename COPY>
 static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params & p, const exact_seg & s, int slot,
                                                             int64_t & off, COPY copy) {
     __shared__ int routed[32];
@@ -627,6 +736,7 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
             copy();
         }
         frt_pdl_wait();
+        exact_trace_mark<TRACE>(kMarkWaited);
         off              = base;
         const bool valid = exact_matrix(s, slot, off, nullptr);
         if (valid && !(guessed && off == guessed_off)) {
@@ -636,6 +746,7 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
         return valid;
     }
     frt_pdl_wait();
+    exact_trace_mark<TRACE>(kMarkWaited);
     const bool     route = p.route_logits != nullptr && (s.ids != nullptr || blockIdx.x == 0);
     if (route) {
         exact_route(p, p.route_logits, blockIdx.x == 0, routed);
@@ -654,7 +765,7 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
-template <int TYPE, bool STAGED, bool GLU>
+template <int TYPE, bool STAGED, bool GLU, bool TRACE>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
@@ -671,14 +782,19 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     constexpr bool glu  = GLU;  // the launch's segments all have FRT_GEMV_SWIGLU
     const int64_t bytes = (int64_t) n * s.row_stride;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
-    const bool    valid = exact_wait_and_stage<STAGED, !GLU>(p, s, slot, off, [&]() {
+    exact_trace_start<TRACE>(p);
+    exact_norm_early(p);
+    const bool    valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, [&]() {
         exact_copy(stage, s.w + off, bytes, s.stage_unit);
         if constexpr (glu) {
             exact_copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
         }
     });
+    exact_trace_mark<TRACE>(kMarkIssued);
+    exact_residual_early(p, s, slot, row0, n);
     exact_prefetch_later(p);
     const int at = exact_prologue(p, vec, smem, s.x);
+    exact_trace_mark<TRACE>(kMarkPrologue);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
     float *        part = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
@@ -721,6 +837,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             gemv_cp_async_wait_all();
             __syncthreads();
         }
+        exact_trace_mark<TRACE>(kMarkLanded);
         if (valid) {
             if constexpr (!glu) {
 #pragma unroll 4
@@ -736,6 +853,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         }
     }
     __syncthreads();
+    exact_trace_mark<TRACE>(kMarkProducts);
     // Warp 0's lanes plus warps 1, 2, 3 (zeros where a row has fewer threads), then the butterfly.
     const auto reduce = [&](int j) {
         float v = part[(j * 4) * 32 + lane];
@@ -756,28 +874,35 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             exact_store(s, slot, row0 + j, v, gate);
         }
     }
+    exact_trace_end<TRACE>(p, s, glu);
 }
 
 // The block's rows [row0, row0 + n) of an F32 matrix: one warp a row. STAGED as for the quantized
 // rows: a warp's row in global memory takes one load latency per pass of mmvf's loop (4 at k =
 // 2048), which set the router pack's time; copied before the wait, the latency overlaps the
 // previous kernel and the prologue.
-template <bool STAGED>
+template <bool STAGED, bool TRACE>
 static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                       uint8_t * smem) {
     uint8_t *     stage = smem + p.smem_stage;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
-    const bool    valid = exact_wait_and_stage<STAGED, false>(
+    exact_trace_start<TRACE>(p);
+    exact_norm_early(p);
+    const bool    valid = exact_wait_and_stage<STAGED, false, TRACE>(
         p, s, slot, off, [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
+    exact_trace_mark<TRACE>(kMarkIssued);
+    exact_residual_early(p, s, slot, row0, n);
     exact_prefetch_later(p);
     const int at = exact_prologue(p, vec, smem, s.x);
+    exact_trace_mark<TRACE>(kMarkPrologue);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;
     if (STAGED) {
         gemv_cp_async_wait_all();
         __syncthreads();
     }
+    exact_trace_mark<TRACE>(kMarkLanded);
     const uint8_t * rows = STAGED ? stage : s.w + off;
     for (int j = threadIdx.x / 32; j < n; j += kExactThreads / 32) {
         const float v = valid ? exact_row_f32((const float *) (rows + (int64_t) j * s.row_stride), p.k, xf, p.f32_block, lane)
@@ -786,6 +911,8 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
             exact_store(s, slot, row0 + j, v);
         }
     }
+    exact_trace_mark<TRACE>(kMarkProducts);  // products and stores go row by row here
+    exact_trace_end<TRACE>(p, s, false);
 }
 
 // One row of the MoE tail (frt_gemv_args::tail), from other blocks' rows: through L2 (ld.cg), not
@@ -834,7 +961,7 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
 // own instance too: the tail's code made ptxas spill in the plain one).
-template <bool GLU, bool TAIL = false>
+template <bool GLU, bool TAIL = false, bool TRACE = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -852,20 +979,20 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         default:
-            s.stage_unit ? exact_rows_f32<true>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows_f32<false>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows_f32<false, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
     }
     if (TAIL) {  // a tail launch's two segments are the tail's

@@ -4,7 +4,9 @@
 
 #include "gemv-exact-impl.cuh"
 
+#include <algorithm>
 #include <cstdlib>
+#include <mutex>
 
 // Matrices a row multiplies: 2 when the segments have the FRT_GEMV_SWIGLU epilogue (the gate rows
 // are staged and summed beside the up rows; all segments or none, gemv.cu checks), else 1.
@@ -61,6 +63,90 @@ static bool exact_dependents_at_start() {
     return at_start;
 }
 
+// GGML_FLASHRT_EXACT_NORM_EARLY=1, GGML_FLASHRT_EXACT_RESIDUAL_EARLY=1 (exact_params; experiments).
+static bool exact_env_flag(const char * name) {
+    const char * env = std::getenv(name);
+    return env != nullptr && std::atoi(env) == 1;
+}
+
+// frt_gemv_trace's ring (one a process).
+struct exact_trace_ring {
+    std::mutex              mutex;
+    frt_gemv_trace_record * records = nullptr;
+    unsigned long long *    cursor  = nullptr;
+    int                     capacity = 0;
+};
+
+static exact_trace_ring & trace_ring() {
+    static exact_trace_ring ring;
+    return ring;
+}
+
+cudaError_t frt_gemv_trace(int capacity) {
+    exact_trace_ring &          r = trace_ring();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (r.records != nullptr) {
+        cudaFree(r.records);
+        cudaFree(r.cursor);
+        r.records  = nullptr;
+        r.cursor   = nullptr;
+        r.capacity = 0;
+    }
+    if (capacity <= 0) {
+        return cudaSuccess;
+    }
+    cudaError_t err = cudaMalloc(&r.records, (size_t) capacity * sizeof(frt_gemv_trace_record));
+    if (err == cudaSuccess) {
+        err = cudaMalloc(&r.cursor, sizeof(unsigned long long));
+    }
+    if (err == cudaSuccess) {
+        err = cudaMemset(r.cursor, 0, sizeof(unsigned long long));
+    }
+    if (err == cudaSuccess) {
+        err = cudaMemset(r.records, 0, (size_t) capacity * sizeof(frt_gemv_trace_record));
+    }
+    if (err != cudaSuccess) {
+        cudaFree(r.records);
+        cudaFree(r.cursor);
+        r.records = nullptr;
+        r.cursor  = nullptr;
+        return err;
+    }
+    r.capacity = capacity;
+    return cudaDeviceSynchronize();
+}
+
+cudaError_t frt_gemv_trace_records(frt_gemv_trace_record * out, int max, int * n) {
+    exact_trace_ring &          r = trace_ring();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    *n = 0;
+    if (r.records == nullptr) {
+        return cudaSuccess;
+    }
+    cudaError_t err = cudaDeviceSynchronize();
+    unsigned long long written = 0;
+    if (err == cudaSuccess) {
+        err = cudaMemcpy(&written, r.cursor, sizeof(written), cudaMemcpyDeviceToHost);
+    }
+    if (err != cudaSuccess) {
+        return err;
+    }
+    // Oldest first: once the ring has wrapped, from the cursor on.
+    const unsigned long long held  = std::min<unsigned long long>(written, (unsigned long long) r.capacity);
+    const unsigned long long count = std::min<unsigned long long>(held, (unsigned long long) std::max(max, 0));
+    const unsigned long long first = written - count;  // the latest `count` records
+    for (unsigned long long i = 0; i < count && err == cudaSuccess;) {
+        const unsigned long long at  = (first + i) % (unsigned long long) r.capacity;
+        const unsigned long long run = std::min(count - i, (unsigned long long) r.capacity - at);
+        err = cudaMemcpy(out + i, r.records + at, run * sizeof(frt_gemv_trace_record), cudaMemcpyDeviceToHost);
+        i += run;
+    }
+    if (err == cudaSuccess) {
+        *n = (int) count;
+    }
+    return err;
+}
+
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
     int         device = 0;
     gemv_device dev;
@@ -82,6 +168,17 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
     p.dependents_at_start = exact_dependents_at_start() ? 1 : 0;
+    static const bool norm_early = exact_env_flag("GGML_FLASHRT_EXACT_NORM_EARLY");
+    static const bool residual_early = exact_env_flag("GGML_FLASHRT_EXACT_RESIDUAL_EARLY");
+    p.norm_early     = norm_early ? 1 : 0;
+    p.residual_early = residual_early ? 1 : 0;
+    {
+        exact_trace_ring &          r = trace_ring();
+        std::lock_guard<std::mutex> lock(r.mutex);
+        p.trace          = r.records;
+        p.trace_cursor   = r.cursor;
+        p.trace_capacity = r.capacity;
+    }
     p.prefetch            = a.prefetch;
     if (a.route_logits != nullptr) {
         p.route_logits  = a.route_logits;
@@ -237,6 +334,10 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
     if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks)
         return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
+    }
+    if (p.trace != nullptr) {  // frt_gemv_trace: the instances that write records (not the tail's)
+        return glu ? exact_launch<frt_gemv_exact_kernel<true, false, true>>(device, blocks, smem, stream, p)
+                   : exact_launch<frt_gemv_exact_kernel<false, false, true>>(device, blocks, smem, stream, p);
     }
     return glu ? exact_launch<frt_gemv_exact_kernel<true>>(device, blocks, smem, stream, p)
                : exact_launch<frt_gemv_exact_kernel<false>>(device, blocks, smem, stream, p);

@@ -200,6 +200,32 @@ struct frt_gemv_args {
     frt_gemv_prefetch prefetch;
 };
 
+// Exact kernel only, for measurement: where each block of every exact launch spends its time in a
+// real decode step (under CUDA graphs and programmatic dependent launch, which a launch alone in a
+// benchmark does not reproduce). Launches made while a trace is on (frt_gemv_trace) run instances of
+// the kernel built with it (the others stay as they are): thread 0 of each block notes its SM's
+// clock at its phases and, at its end, writes one record into a ring in device memory. Launches
+// captured into a CUDA graph while the trace is on keep writing at each replay. The MoE tail's
+// instance (frt_gemv_args::tail) has no traced twin: its launches write nothing.
+struct frt_gemv_trace_record {
+    uint64_t tag;          // the launch's first segment's weights (seg[0].w): which launch of a step
+    uint32_t block, grid;  // blockIdx.x, gridDim.x
+    uint32_t sm;           // %smid
+    uint32_t kind;         // seg type | n_segments << 8 | SwiGLU << 16 | routes << 17 | guesses << 18 | norm << 19
+    uint64_t start_ns;     // %globaltimer at the block's start
+    uint64_t end_ns;       // %globaltimer once its rows are stored
+    // SM clock cycles from the block's start to: its wait for the previous kernel returned, its rows'
+    // copies issued (expert rows after the routing), x in shared memory (prologue), its rows landed in
+    // shared memory, its products summed, its rows stored.
+    uint32_t waited, issued, prologue, landed, products, stored;
+};
+static_assert(sizeof(frt_gemv_trace_record) == 64, "one record a block, 64 bytes");
+// capacity > 0: records into a ring of `capacity` records from the next launch on (allocated here:
+// call it outside stream capture); 0: stops and frees the ring. One trace a process.
+cudaError_t frt_gemv_trace(int capacity);
+// The ring's records, oldest first (at most its capacity: the latest ones), into out[0..max); *n:
+// how many. Synchronizes the device.
+cudaError_t frt_gemv_trace_records(frt_gemv_trace_record * out, int max, int * n);
 // Which kernel frt_gemv runs. AUTO: the fastest measured: the head kernel where it applies (one
 // dense Q6_K_R matrix of at least kHeadMinRows rows, gemv.cu), else the register kernel (the bulk
 // kernel is slower at every decode shape so far: docs/perf-notes.md). The others are for tests and

@@ -18,6 +18,7 @@
 #include "moe-ffn-tail.cuh"
 #include "tests/test-gemv-reference.cuh"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -1090,6 +1091,141 @@ bool run_prefetch_case(std::mt19937_64 & rng) {
     return ok;
 }
 
+// The trace (frt_gemv_trace): a Q4_K launch with a norm and a residual and an F32 launch with a
+// norm (the router's kind), once directly, then captured in a CUDA graph replayed twice, into a ring
+// that holds two rounds and a few records of the first. Each of the last two rounds must hold one
+// record for every block of both launches, marks in order, and every output must be the bits of the
+// same launches without the trace; once the trace stops, nothing is recorded.
+bool run_trace_case(std::mt19937_64 & rng) {
+    const int                       k = 2048, rows_q = 4100, rows_f = 257;
+    const int64_t                   row_q = gemv_ref::gguf_row_bytes(FRT_GEMV_Q4_K, k), row_f = (int64_t) k * 4;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float>              x(k), norm(k), residual(rows_q), wf((size_t) rows_f * k);
+    for (std::vector<float> * v : { &x, &norm, &residual, &wf }) {
+        for (float & e : *v) {
+            e = normal(rng);
+        }
+    }
+    std::vector<uint8_t> wq((size_t) rows_q * row_q);
+    for (int64_t r = 0; r < rows_q; ++r) {
+        gemv_ref::random_row(FRT_GEMV_Q4_K, k, wq.data() + r * row_q, rng);
+    }
+    float *   d_x = upload(x), *d_norm = upload(norm), *d_residual = upload(residual), *d_wf = upload(wf);
+    uint8_t * d_wq = upload(wq);
+    const size_t nq = (size_t) rows_q + 3, nf = (size_t) rows_f + 3;
+    float *   plain[2] = { upload_poisoned(nq), upload_poisoned(nf) };
+    float *   traced[2] = { upload_poisoned(nq), upload_poisoned(nf) };
+    const auto launch = [&](float * const (&out)[2], cudaStream_t stream) {
+        frt_gemv_args a{};
+        a.x = d_x, a.x_stride = k, a.k = k, a.tokens = 1, a.x_per_token = 1, a.n_segments = 1;
+        a.norm = d_norm, a.eps = 1e-6f;
+        frt_gemv_args f = a;
+        a.seg[0].type = FRT_GEMV_Q4_K, a.seg[0].w = d_wq, a.seg[0].rows = rows_q, a.seg[0].row_stride = row_q;
+        a.seg[0].out = out[0], a.seg[0].epilogue = FRT_GEMV_ADD, a.seg[0].residual = d_residual;
+        f.seg[0].type = FRT_GEMV_F32, f.seg[0].w = d_wf, f.seg[0].rows = rows_f, f.seg[0].row_stride = row_f;
+        f.seg[0].out = out[1];
+        CHECK(frt_gemv(a, stream, FRT_GEMV_KERNEL_EXACT));
+        CHECK(frt_gemv(f, stream, FRT_GEMV_KERNEL_EXACT));
+    };
+    bool ok = true;
+    const auto fail = [&](const char * what, long long a0, long long a1) {
+        if (ok) {
+            std::printf("     trace: %s (%lld, %lld)\n", what, a0, a1);
+        }
+        ok = false;
+    };
+    launch(plain, 0);
+    // A round's records (every block of both launches), to size the ring.
+    CHECK(frt_gemv_trace(1 << 16));
+    launch(traced, 0);
+    std::vector<frt_gemv_trace_record> rec(1 << 16);
+    int                                n = 0;
+    CHECK(frt_gemv_trace_records(rec.data(), (int) rec.size(), &n));
+    const int round = n;
+    CHECK(frt_gemv_trace(2 * round + 7));
+    launch(traced, 0);
+    cudaStream_t stream;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    launch(traced, stream);
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+        CHECK(cudaGraphLaunch(exec, stream));
+    }
+    CHECK(cudaStreamSynchronize(stream));
+    CHECK(frt_gemv_trace_records(rec.data(), (int) rec.size(), &n));
+    if (round < 2 || n != 2 * round + 7) {
+        fail("records held (round, held)", round, n);
+    }
+    for (int r = 0; r < 2 && ok; ++r) {
+        const frt_gemv_trace_record * first = rec.data() + 7 + r * round;
+        std::vector<int>              seen_q, seen_f;
+        for (int i = 0; i < round && ok; ++i) {
+            const frt_gemv_trace_record & t  = first[i];
+            const bool                    is_q = t.tag == (uint64_t) (uintptr_t) d_wq;
+            if (!is_q && t.tag != (uint64_t) (uintptr_t) d_wf) {
+                fail("a record of another launch", r, i);
+            }
+            const unsigned type = is_q ? FRT_GEMV_Q4_K : FRT_GEMV_F32;
+            if (t.kind != (type | 1u << 8 | 1u << 19)) {  // one segment, a norm, no SwiGLU or routing
+                fail("kind", t.kind, type);
+            }
+            const unsigned marks[] = { 0, t.waited, t.issued, t.prologue, t.landed, t.products, t.stored };
+            for (int m = 1; m < 7; ++m) {
+                if (marks[m] < marks[m - 1] || marks[m] > (1u << 30)) {
+                    fail("marks out of order", m, marks[m]);
+                }
+            }
+            if (t.end_ns < t.start_ns || t.block >= t.grid) {
+                fail("times or block", (long long) t.start_ns, (long long) t.end_ns);
+            }
+            std::vector<int> & seen = is_q ? seen_q : seen_f;
+            seen.resize(t.grid, 0);
+            if (t.block < seen.size() && seen[t.block]++ != 0) {
+                fail("a block recorded twice", r, t.block);
+            }
+        }
+        for (const std::vector<int> * seen : { &seen_q, &seen_f }) {
+            if (seen->empty() || std::count(seen->begin(), seen->end(), 1) != (long) seen->size()) {
+                fail("a block not recorded", r, (long long) seen->size());
+            }
+        }
+    }
+    // Stopped: a launch writes nothing more.
+    CHECK(frt_gemv_trace(0));
+    launch(traced, 0);
+    CHECK(frt_gemv_trace_records(rec.data(), (int) rec.size(), &n));
+    if (n != 0) {
+        fail("records after the trace stopped", n, 0);
+    }
+    CHECK(cudaDeviceSynchronize());
+    for (int o = 0; o < 2 && ok; ++o) {
+        const size_t                rows = o == 0 ? rows_q : rows_f, size = rows + 3;
+        const std::vector<uint32_t> got = download((const uint32_t *) traced[o], size);
+        const std::vector<uint32_t> want = download((const uint32_t *) plain[o], size);
+        for (size_t at = 0; at < size; ++at) {
+            const bool good = at >= rows ? got[at] == kPoison : got[at] == want[at] && got[at] != kPoison;
+            if (!good) {
+                fail(o == 0 ? "q4_K output differs" : "f32 output differs", (long long) at, got[at]);
+                break;
+            }
+        }
+    }
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaStreamDestroy(stream));
+    for (void * m : { (void *) d_x, (void *) d_norm, (void *) d_residual, (void *) d_wf, (void *) d_wq,
+                      (void *) plain[0], (void *) plain[1], (void *) traced[0], (void *) traced[1] }) {
+        CHECK(cudaFree(m));
+    }
+    std::printf("%-4s %-34s exact k=%5d records=%8d  every block a record a round, bit for bit\n", ok ? "ok" : "FAIL",
+                "trace of two launches", k, round);
+    return ok;
+}
+
 // The MoE FFN's tail in the experts' down launch (frt_gemv_args::tail), as MATVEC launches it:
 // every output bit for bit the launch without it followed by frt_moe_tail's kernel. Q8_0 rows, so
 // that the row count (2046) leaves a partial group of the counters'. Two launches on the same
@@ -1582,7 +1718,8 @@ int main(int argc, char ** argv) {
         failed += run_norm_case(nc, rng) ? 0 : 1;
         ++total;
     }
-    for (bool (*run)(std::mt19937_64 &) : { run_own_input_case, run_guess_case, run_prefetch_case, run_tail_case }) {
+    for (bool (*run)(std::mt19937_64 &) : { run_own_input_case, run_guess_case, run_prefetch_case, run_tail_case,
+                                               run_trace_case }) {
         failed += run(rng) ? 0 : 1;
         ++total;
     }
