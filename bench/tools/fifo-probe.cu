@@ -4,7 +4,10 @@
 //   copies-first  cp.async copies of BYTES of its own slice of a large buffer (out of L2: every
 //                 repetition reads fresh bytes) into shared memory, then every thread loads 16
 //                 bytes of a small vector that is in L2 (x, 8 KB), then it waits for the copies;
-//   x-first       x's loads first, then the copies, then the wait.
+//   x-first       x's loads first, then the copies, then the wait;
+//   bulk-first    the same bytes copied by the bulk-copy engine (cp.async.bulk, 4 KB a copy, issued
+//                 by warp 0, completing on an mbarrier) before x's loads: whether x's loads, which
+//                 go through L1 while the bulk copies do not, still queue behind them.
 // Thread 0 of each block reads the SM clock before the first request, after a barrier that every
 // thread reaches only with its x value stored (x is in), and after the copies have landed. If an
 // SM serves its requests in order, copies-first receives x only about when its copies land; if
@@ -29,30 +32,64 @@ constexpr int kXFloat4s    = 512;  // x: 8 KB
 constexpr int kMaxBytes    = 104 * 1024;
 constexpr int kSinkBytes   = kThreads * (int) sizeof(float);
 
-template <bool X_FIRST>
+enum probe_order : int { kCopiesFirst, kXFirst, kBulkFirst };
+constexpr int kBulkChunk = 4096;
+
+template <int ORDER>
 static __global__ void __launch_bounds__(kThreads, 2)
     probe_kernel(const uint8_t * w, int64_t slice, int bytes, const float4 * x, long long * times) {
     extern __shared__ __align__(16) uint8_t smem[];
     float *         sink = (float *) (smem + kMaxBytes);
+    const unsigned  mbar = (unsigned) __cvta_generic_to_shared(smem + kMaxBytes + kSinkBytes);
     const uint8_t * src  = w + (int64_t) blockIdx.x * slice;
+    if (ORDER == kBulkFirst && threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mbar) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
     __syncthreads();
     const long long t0 = clock64();
     float4          xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (X_FIRST) {
+    if (ORDER == kXFirst) {
         xv = x[threadIdx.x % kXFloat4s];
     }
-    for (int at = 16 * threadIdx.x; at < bytes; at += 16 * kThreads) {
-        const unsigned dst = (unsigned) __cvta_generic_to_shared(smem + at);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src + at) : "memory");
+    if (ORDER == kBulkFirst) {
+        if (threadIdx.x == 0) {
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mbar), "r"(bytes) : "memory");
+        }
+        __syncwarp();
+        if (threadIdx.x < 32) {
+            for (int at = kBulkChunk * threadIdx.x; at < bytes; at += kBulkChunk * 32) {
+                const unsigned dst = (unsigned) __cvta_generic_to_shared(smem + at);
+                const unsigned n   = (unsigned) min(kBulkChunk, bytes - at);
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                             "l"(src + at), "r"(n), "r"(mbar)
+                             : "memory");
+            }
+        }
+    } else {
+        for (int at = 16 * threadIdx.x; at < bytes; at += 16 * kThreads) {
+            const unsigned dst = (unsigned) __cvta_generic_to_shared(smem + at);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src + at) : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    if (!X_FIRST) {
+    if (ORDER != kXFirst) {
         xv = x[threadIdx.x % kXFloat4s];
     }
     sink[threadIdx.x] = xv.x + xv.y + xv.z + xv.w;  // needs x's value
     __syncthreads();
     const long long t1 = clock64();
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    if (ORDER == kBulkFirst) {
+        unsigned done = 0;
+        while (!done) {
+            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                         : "=r"(done)
+                         : "r"(mbar)
+                         : "memory");
+        }
+    } else {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+    }
     __syncthreads();
     const long long t2 = clock64();
     if (threadIdx.x == 0) {
@@ -113,9 +150,10 @@ int main(int argc, char ** argv) {
     CHECK(cudaMalloc(&x, kXFloat4s * sizeof(float4)));
     CHECK(cudaMemset(x, 0, kXFloat4s * sizeof(float4)));
     CHECK(cudaMalloc(&d_times, 2 * blocks * sizeof(long long)));
-    const int smem = kMaxBytes + kSinkBytes;
-    CHECK(cudaFuncSetAttribute(probe_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CHECK(cudaFuncSetAttribute(probe_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int smem = kMaxBytes + kSinkBytes + 16;  // + the mbarrier
+    CHECK(cudaFuncSetAttribute(probe_kernel<kCopiesFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CHECK(cudaFuncSetAttribute(probe_kernel<kXFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CHECK(cudaFuncSetAttribute(probe_kernel<kBulkFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 
     std::printf("fifo-probe: %d blocks of %d threads (2 an SM), SM clock %.0f MHz (driver's), medians over %d "
                 "repetitions x blocks\n\n",
@@ -124,14 +162,16 @@ int main(int argc, char ** argv) {
     std::printf("|---:|---|---:|---:|---:|---:|\n");
     std::vector<long long> times(2 * blocks);
     for (int bytes : sizes) {
-        for (int x_first = 0; x_first < 2; ++x_first) {
+        for (int order = kCopiesFirst; order <= kBulkFirst; ++order) {
             std::vector<long long> x_in, copies_in;
             for (int r = 0; r < reps + 1; ++r) {  // the first one warms up (x into L2, the clocks up)
                 const uint8_t * src = w + region * (r % reps);
-                if (x_first) {
-                    probe_kernel<true><<<blocks, kThreads, smem>>>(src, slice, bytes, x, d_times);
+                if (order == kXFirst) {
+                    probe_kernel<kXFirst><<<blocks, kThreads, smem>>>(src, slice, bytes, x, d_times);
+                } else if (order == kBulkFirst) {
+                    probe_kernel<kBulkFirst><<<blocks, kThreads, smem>>>(src, slice, bytes, x, d_times);
                 } else {
-                    probe_kernel<false><<<blocks, kThreads, smem>>>(src, slice, bytes, x, d_times);
+                    probe_kernel<kCopiesFirst><<<blocks, kThreads, smem>>>(src, slice, bytes, x, d_times);
                 }
                 CHECK(cudaGetLastError());
                 CHECK(cudaMemcpy(times.data(), d_times, times.size() * sizeof(long long), cudaMemcpyDeviceToHost));
@@ -144,7 +184,8 @@ int main(int argc, char ** argv) {
                 }
             }
             const double xc = median(x_in), cc = median(copies_in), mhz = clock_khz / 1e3;
-            std::printf("| %d | %s | %.0f | %.0f | %.2f | %.2f |\n", bytes, x_first ? "x-first" : "copies-first", xc,
+            const char * names[] = { "copies-first", "x-first", "bulk-first" };
+            std::printf("| %d | %s | %.0f | %.0f | %.2f | %.2f |\n", bytes, names[order], xc,
                         cc, xc / mhz, cc / mhz);
         }
     }
