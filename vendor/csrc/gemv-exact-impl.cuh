@@ -96,10 +96,6 @@ struct exact_params {
     // GGML_FLASHRT_EXACT_TRIGGER=1, an experiment).
     int           dependents_at_start;
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
-    // Experiments (GGML_FLASHRT_EXACT_NORM_EARLY=1, GGML_FLASHRT_EXACT_RESIDUAL_EARLY=1): the norm's
-    // weights prefetched into L1 before the wait, the residual rows of an FRT_GEMV_ADD segment right
-    // after it, so that neither is a device-memory round trip on the chain after the wait.
-    int           norm_early, residual_early;
     // frt_gemv_trace: non-null, each block writes a record at its end.
     frt_gemv_trace_record * trace;
     unsigned long long *    trace_cursor;
@@ -123,7 +119,7 @@ static __device__ __forceinline__ exact_trace_marks & exact_marks() {
 static __device__ __forceinline__ unsigned exact_clock() {
     unsigned c = 0;
 #if defined(__CUDA_ARCH__)
-    asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(c)::"memory");  // no load or store moves across a mark
 #endif
     return c;
 }
@@ -184,28 +180,6 @@ template <bool TRACE> static __device__ void exact_trace_end(const exact_params 
     r.products = m.at[kMarkProducts] - m.start;
     const unsigned long long at = atomicAdd(p.trace_cursor, 1ull) % (unsigned long long) p.trace_capacity;
     p.trace[at]                 = r;
-}
-
-// NORM_EARLY: the norm's k floats into L1 (a 128-byte line a thread), before the wait: weights, which
-// no kernel writes.
-static __device__ __forceinline__ void exact_norm_early(const exact_params & p) {
-    if (p.norm_early && p.norm != nullptr && (int) threadIdx.x < p.k / 32) {
-#if defined(__CUDA_ARCH__)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(p.norm + 32 * threadIdx.x));
-#endif
-    }
-}
-
-// RESIDUAL_EARLY: the residual of the block's rows [row0, row0 + n) into L1, after the wait (an
-// earlier kernel wrote it), so that the store's read of it does not wait on L2 or device memory.
-static __device__ __forceinline__ void exact_residual_early(const exact_params & p, const exact_seg & s, int slot,
-                                                            int row0, int n) {
-    if (p.residual_early && s.epilogue == FRT_GEMV_ADD && (int) threadIdx.x < (n + 31) / 32) {
-#if defined(__CUDA_ARCH__)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(s.residual + (int64_t) slot * s.residual_stride + row0 +
-                                                         32 * threadIdx.x));
-#endif
-    }
 }
 
 // A 4-byte word of weights at a 2-byte aligned address (GGUF Q6_K and Q8_0 blocks are 210 and 34
@@ -783,7 +757,6 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int64_t bytes = (int64_t) n * s.row_stride;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
     exact_trace_start<TRACE>(p);
-    exact_norm_early(p);
     const bool    valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, [&]() {
         exact_copy(stage, s.w + off, bytes, s.stage_unit);
         if constexpr (glu) {
@@ -791,7 +764,6 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         }
     });
     exact_trace_mark<TRACE>(kMarkIssued);
-    exact_residual_early(p, s, slot, row0, n);
     exact_prefetch_later(p);
     const int at = exact_prologue(p, vec, smem, s.x);
     exact_trace_mark<TRACE>(kMarkPrologue);
@@ -888,11 +860,9 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
     exact_trace_start<TRACE>(p);
-    exact_norm_early(p);
     const bool    valid = exact_wait_and_stage<STAGED, false, TRACE>(
         p, s, slot, off, [&]() { exact_copy(stage, s.w + off, bytes, s.stage_unit); });
     exact_trace_mark<TRACE>(kMarkIssued);
-    exact_residual_early(p, s, slot, row0, n);
     exact_prefetch_later(p);
     const int at = exact_prologue(p, vec, smem, s.x);
     exact_trace_mark<TRACE>(kMarkPrologue);

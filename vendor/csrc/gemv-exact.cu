@@ -63,12 +63,6 @@ static bool exact_dependents_at_start() {
     return at_start;
 }
 
-// GGML_FLASHRT_EXACT_NORM_EARLY=1, GGML_FLASHRT_EXACT_RESIDUAL_EARLY=1 (exact_params; experiments).
-static bool exact_env_flag(const char * name) {
-    const char * env = std::getenv(name);
-    return env != nullptr && std::atoi(env) == 1;
-}
-
 // frt_gemv_trace's ring (one a process).
 struct exact_trace_ring {
     std::mutex              mutex;
@@ -168,10 +162,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
     p.dependents_at_start = exact_dependents_at_start() ? 1 : 0;
-    static const bool norm_early = exact_env_flag("GGML_FLASHRT_EXACT_NORM_EARLY");
-    static const bool residual_early = exact_env_flag("GGML_FLASHRT_EXACT_RESIDUAL_EARLY");
-    p.norm_early     = norm_early ? 1 : 0;
-    p.residual_early = residual_early ? 1 : 0;
     {
         exact_trace_ring &          r = trace_ring();
         std::lock_guard<std::mutex> lock(r.mutex);
