@@ -63,6 +63,16 @@ static bool exact_dependents_at_start() {
     return at_start;
 }
 
+// GGML_FLASHRT_EXACT_BULK=1: the staged rows' 16-byte runs go by the bulk-copy engine (exact_stager;
+// an experiment, sm_90 and newer).
+static bool exact_bulk(const gemv_device & dev) {
+    static const bool bulk = [] {
+        const char * env = std::getenv("GGML_FLASHRT_EXACT_BULK");
+        return env != nullptr && std::atoi(env) == 1;
+    }();
+    return bulk && dev.cc_major >= 9;
+}
+
 // frt_gemv_trace's ring (one a process).
 struct exact_trace_ring {
     std::mutex              mutex;
@@ -325,9 +335,19 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks)
         return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
     }
-    if (p.trace != nullptr) {  // frt_gemv_trace: the instances that write records (not the tail's)
+    // frt_gemv_trace: the instances that write records (not the tail's); BULK: bulk-copy staging.
+    const bool trace = p.trace != nullptr, bulk = exact_bulk(dev);
+    if (trace && bulk) {
+        return glu ? exact_launch<frt_gemv_exact_kernel<true, false, true, true>>(device, blocks, smem, stream, p)
+                   : exact_launch<frt_gemv_exact_kernel<false, false, true, true>>(device, blocks, smem, stream, p);
+    }
+    if (trace) {
         return glu ? exact_launch<frt_gemv_exact_kernel<true, false, true>>(device, blocks, smem, stream, p)
                    : exact_launch<frt_gemv_exact_kernel<false, false, true>>(device, blocks, smem, stream, p);
+    }
+    if (bulk) {
+        return glu ? exact_launch<frt_gemv_exact_kernel<true, false, false, true>>(device, blocks, smem, stream, p)
+                   : exact_launch<frt_gemv_exact_kernel<false, false, false, true>>(device, blocks, smem, stream, p);
     }
     return glu ? exact_launch<frt_gemv_exact_kernel<true>>(device, blocks, smem, stream, p)
                : exact_launch<frt_gemv_exact_kernel<false>>(device, blocks, smem, stream, p);
