@@ -16,9 +16,10 @@
 // copies' end, in cycles and in µs at the SM clock the driver reports.
 //
 // Usage: fifo-probe [--bytes 0,8192,32768,55296,98304] [--reps 20]
-// Build: nvcc -std=c++17 -O3 -arch=sm_90a -I bench/tools bench/tools/fifo-probe.cu -o fifo-probe
+// Build: nvcc -std=c++17 -O3 -arch=sm_90a -I bench/tools -I vendor/csrc bench/tools/fifo-probe.cu -o fifo-probe
 
 #include "cuda-check.cuh"
+#include "probe-util.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -33,18 +34,16 @@ constexpr int kMaxBytes    = 104 * 1024;
 constexpr int kSinkBytes   = kThreads * (int) sizeof(float);
 
 enum probe_order : int { kCopiesFirst, kXFirst, kBulkFirst };
-constexpr int kBulkChunk = 4096;
 
 template <int ORDER>
 static __global__ void __launch_bounds__(kThreads, 2)
     probe_kernel(const uint8_t * w, int64_t slice, int bytes, const float4 * x, long long * times) {
     extern __shared__ __align__(16) uint8_t smem[];
     float *         sink = (float *) (smem + kMaxBytes);
-    const unsigned  mbar = (unsigned) __cvta_generic_to_shared(smem + kMaxBytes + kSinkBytes);
-    const uint8_t * src  = w + (int64_t) blockIdx.x * slice;
-    if (ORDER == kBulkFirst && threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mbar) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __shared__ uint64_t bar;
+    const uint8_t *     src = w + (int64_t) blockIdx.x * slice;
+    if (ORDER == kBulkFirst) {
+        probe_bulk_init(&bar);
     }
     __syncthreads();
     const long long t0 = clock64();
@@ -53,19 +52,7 @@ static __global__ void __launch_bounds__(kThreads, 2)
         xv = x[threadIdx.x % kXFloat4s];
     }
     if (ORDER == kBulkFirst) {
-        if (threadIdx.x == 0) {
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mbar), "r"(bytes) : "memory");
-        }
-        __syncwarp();
-        if (threadIdx.x < 32) {
-            for (int at = kBulkChunk * threadIdx.x; at < bytes; at += kBulkChunk * 32) {
-                const unsigned dst = (unsigned) __cvta_generic_to_shared(smem + at);
-                const unsigned n   = (unsigned) min(kBulkChunk, bytes - at);
-                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                             "l"(src + at), "r"(n), "r"(mbar)
-                             : "memory");
-            }
-        }
+        probe_bulk_copy(smem, src, bytes, &bar);
     } else {
         for (int at = 16 * threadIdx.x; at < bytes; at += 16 * kThreads) {
             const unsigned dst = (unsigned) __cvta_generic_to_shared(smem + at);
@@ -80,13 +67,7 @@ static __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     const long long t1 = clock64();
     if (ORDER == kBulkFirst) {
-        unsigned done = 0;
-        while (!done) {
-            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-                         : "=r"(done)
-                         : "r"(mbar)
-                         : "memory");
-        }
+        probe_bulk_wait(&bar);
     } else {
         asm volatile("cp.async.wait_group 0;" ::: "memory");
     }
@@ -96,24 +77,6 @@ static __global__ void __launch_bounds__(kThreads, 2)
         times[2 * blockIdx.x]     = t1 - t0;
         times[2 * blockIdx.x + 1] = t2 - t0;
     }
-}
-
-static std::vector<int> parse_list(const char * s) {
-    std::vector<int> v;
-    for (const char * p = s; *p != '\0';) {
-        v.push_back(std::atoi(p));
-        const char * comma = std::strchr(p, ',');
-        if (comma == nullptr) {
-            break;
-        }
-        p = comma + 1;
-    }
-    return v;
-}
-
-static double median(std::vector<long long> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : (double) v[v.size() / 2];
 }
 
 int main(int argc, char ** argv) {
@@ -150,7 +113,7 @@ int main(int argc, char ** argv) {
     CHECK(cudaMalloc(&x, kXFloat4s * sizeof(float4)));
     CHECK(cudaMemset(x, 0, kXFloat4s * sizeof(float4)));
     CHECK(cudaMalloc(&d_times, 2 * blocks * sizeof(long long)));
-    const int smem = kMaxBytes + kSinkBytes + 16;  // + the mbarrier
+    const int smem = kMaxBytes + kSinkBytes;
     CHECK(cudaFuncSetAttribute(probe_kernel<kCopiesFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CHECK(cudaFuncSetAttribute(probe_kernel<kXFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CHECK(cudaFuncSetAttribute(probe_kernel<kBulkFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));

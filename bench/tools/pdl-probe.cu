@@ -25,9 +25,10 @@
 // the hardware holds them until the wait, it lands after it.
 //
 // Usage: pdl-probe [--bytes 18432,55296] [--busy-us 8] [--reps 20]
-// Build: nvcc -std=c++17 -O3 -arch=sm_90a -I bench/tools bench/tools/pdl-probe.cu -o pdl-probe
+// Build: nvcc -std=c++17 -O3 -arch=sm_90a -I bench/tools -I vendor/csrc bench/tools/pdl-probe.cu -o pdl-probe
 
 #include "cuda-check.cuh"
+#include "probe-util.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -42,7 +43,6 @@ constexpr int kBusy      = 32;
 constexpr int kBusyThreads = 1024;
 
 enum probe_order : int { kLandFirst, kWaitFirst, kL2First, kBulkFirst };
-constexpr int kBulkChunk = 4096;
 
 static __device__ __forceinline__ unsigned long long globaltimer() {
     unsigned long long t;
@@ -93,33 +93,10 @@ static __global__ void __launch_bounds__(kThreads, 2)
         }
     };
     if (ORDER == kBulkFirst) {
-        __shared__ __align__(8) unsigned long long bar;
-        const unsigned mbar = (unsigned) __cvta_generic_to_shared(&bar);
-        if (threadIdx.x == 0) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mbar) : "memory");
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mbar), "r"(bytes) : "memory");
-        }
-        __syncwarp();
-        if (threadIdx.x < 32) {
-            for (int at = kBulkChunk * threadIdx.x; at < bytes; at += kBulkChunk * 32) {
-                const unsigned dst = (unsigned) __cvta_generic_to_shared(smem + at);
-                const unsigned n   = (unsigned) min(kBulkChunk, bytes - at);
-                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                             "l"(src + at), "r"(n), "r"(mbar)
-                             : "memory");
-            }
-        }
-        unsigned done = 0;
-        while (!done) {
-            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-                         : "=r"(done)
-                         : "r"(mbar)
-                         : "memory");
-        }
+        __shared__ uint64_t bar;
+        probe_bulk_init(&bar);
+        probe_bulk_copy(smem, src, bytes, &bar);
+        probe_bulk_wait(&bar);
         __syncthreads();
         if (threadIdx.x == 0) {
             landed = globaltimer();
@@ -152,24 +129,6 @@ static __global__ void __launch_bounds__(kThreads, 2)
         times[4 * blockIdx.x + 2] = waited;
         times[4 * blockIdx.x + 3] = sm;
     }
-}
-
-static std::vector<int> parse_list(const char * s) {
-    std::vector<int> v;
-    for (const char * p = s; *p != '\0';) {
-        v.push_back(std::atoi(p));
-        const char * comma = std::strchr(p, ',');
-        if (comma == nullptr) {
-            break;
-        }
-        p = comma + 1;
-    }
-    return v;
-}
-
-static double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 template <int ORDER>
