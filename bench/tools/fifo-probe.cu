@@ -93,23 +93,17 @@ int main(int argc, char ** argv) {
             return 2;
         }
     }
-    for (int b : sizes) {
-        if (b < 0 || b > kMaxBytes || b % 16 != 0) {
-            std::fprintf(stderr, "fifo-probe: --bytes: multiples of 16 up to %d\n", kMaxBytes);
-            return 2;
-        }
+    if (!probe_sizes_ok(sizes, 0, kMaxBytes, "fifo-probe")) {
+        return 2;
     }
-    int sms = 0, clock_khz = 0;
-    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+    const probe_gpu gpu = probe_gpu_info();
+    const int       sms = gpu.sms, clock_khz = gpu.clock_khz;
     const int     blocks = 2 * sms;
     const int64_t slice  = kMaxBytes;
     const int64_t region = (int64_t) blocks * slice;  // one repetition's bytes: fresh ones every time
-    uint8_t *     w      = nullptr;
     float4 *      x      = nullptr;
     long long *   d_times = nullptr;
-    CHECK(cudaMalloc(&w, region * reps));
-    CHECK(cudaMemset(w, 1, region * reps));
+    uint8_t *     w      = probe_fresh_bytes(region, reps);
     CHECK(cudaMalloc(&x, kXFloat4s * sizeof(float4)));
     CHECK(cudaMemset(x, 0, kXFloat4s * sizeof(float4)));
     CHECK(cudaMalloc(&d_times, 2 * blocks * sizeof(long long)));

@@ -164,22 +164,16 @@ int main(int argc, char ** argv) {
             return 2;
         }
     }
-    for (int b : sizes) {
-        if (b <= 0 || b > kMaxBytes || b % 16 != 0) {
-            std::fprintf(stderr, "pdl-probe: --bytes: positive multiples of 16 up to %d\n", kMaxBytes);
-            return 2;
-        }
+    if (!probe_sizes_ok(sizes, 16, kMaxBytes, "pdl-probe")) {
+        return 2;
     }
-    int sms = 0, clock_khz = 0;
-    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+    const probe_gpu gpu = probe_gpu_info();
+    const int       sms = gpu.sms, clock_khz = gpu.clock_khz;
     const int     blocks = 2 * sms;
     const int64_t slice  = kMaxBytes;
     const int64_t region = (int64_t) blocks * slice;
-    uint8_t *     w      = nullptr;
     unsigned long long *d_times = nullptr, *d_end = nullptr;
-    CHECK(cudaMalloc(&w, region * reps));
-    CHECK(cudaMemset(w, 1, region * reps));
+    uint8_t *     w      = probe_fresh_bytes(region, reps);
     CHECK(cudaMalloc(&d_times, 4 * blocks * sizeof(unsigned long long)));
     CHECK(cudaMalloc(&d_end, kBusy * sizeof(unsigned long long)));
     const int smem = kMaxBytes;

@@ -4,8 +4,10 @@
 // Build the probes with -I bench/tools -I vendor/csrc.
 
 #include "bulk-copy.cuh"
+#include "cuda-check.cuh"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -59,4 +61,34 @@ static __device__ __forceinline__ void probe_bulk_init(uint64_t * bar) {
         bulk_bar_init_fence();
     }
     __syncthreads();
+}
+
+// Whether every size is a multiple of 16 in [lo, hi]; else says so (as `tool`) and returns false.
+static bool probe_sizes_ok(const std::vector<int> & sizes, int lo, int hi, const char * tool) {
+    for (int b : sizes) {
+        if (b < lo || b > hi || b % 16 != 0) {
+            std::fprintf(stderr, "%s: --bytes: multiples of 16 from %d up to %d\n", tool, lo, hi);
+            return false;
+        }
+    }
+    return true;
+}
+
+struct probe_gpu {
+    int sms = 0, clock_khz = 0;
+};
+
+static probe_gpu probe_gpu_info() {
+    probe_gpu g;
+    CHECK(cudaDeviceGetAttribute(&g.sms, cudaDevAttrMultiProcessorCount, 0));
+    CHECK(cudaDeviceGetAttribute(&g.clock_khz, cudaDevAttrClockRate, 0));
+    return g;
+}
+
+// reps regions of `region` bytes (set to 1), so that each repetition copies bytes not in L2.
+static uint8_t * probe_fresh_bytes(int64_t region, int reps) {
+    uint8_t * w = nullptr;
+    CHECK(cudaMalloc(&w, region * reps));
+    CHECK(cudaMemset(w, 1, region * reps));
+    return w;
 }
