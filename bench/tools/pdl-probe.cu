@@ -18,10 +18,16 @@
 //                  cp.async copies and their wait (landed): copies from L2 after the wait
 //     bulk-first   the bytes copied by the bulk-copy engine (cp.async.bulk, 4 KB copies from warp 0,
 //                  an mbarrier), the mbarrier's wait (landed), then griddepcontrol.wait (waited)
+//   and, with no copies (once, whatever BYTES), whether the first read after the wait of what the
+//   kernel before wrote is slower than a read of older data (in the exact kernel's trace every
+//   prologue took 2-6 µs after the wait, also where nothing was in flight):
+//     fresh-x      griddepcontrol.wait (waited), then every thread loads 16 bytes of an 8 KB vector
+//                  the busy kernel wrote at its end (landed: x in)
+//     old-x        the same loads of an 8 KB vector written before the busy kernel ran
 // Thread 0 of each block notes the global timer at its start and at both marks. Prints, over the
 // blocks that started at least 2 µs before the busy kernel ended (medians over blocks and
-// repetitions), when the copies landed and the wait ended, in µs after the busy kernel's end (negative:
-// before it). If copies are served before the wait, land-first lands well before the busy end; if
+// repetitions), when the copies landed (or x was in) and the wait ended, in µs after the busy
+// kernel's end (negative: before it). If copies are served before the wait, land-first lands well before the busy end; if
 // the hardware holds them until the wait, it lands after it.
 //
 // Usage: pdl-probe [--bytes 18432,55296] [--busy-us 8] [--reps 20]
@@ -42,7 +48,8 @@ constexpr int kMaxBytes  = 104 * 1024;
 constexpr int kBusy      = 32;
 constexpr int kBusyThreads = 1024;
 
-enum probe_order : int { kLandFirst, kWaitFirst, kL2First, kBulkFirst };
+enum probe_order : int { kLandFirst, kWaitFirst, kL2First, kBulkFirst, kFreshX, kOldX };
+constexpr int kXFloat4s = 512;  // x: 8 KB
 
 static __device__ __forceinline__ unsigned long long globaltimer() {
     unsigned long long t;
@@ -50,11 +57,14 @@ static __device__ __forceinline__ unsigned long long globaltimer() {
     return t;
 }
 
-static __global__ void __launch_bounds__(kBusyThreads) busy_kernel(long long cycles, unsigned long long * end) {
+// Spins, then writes its part of `fresh` (kBusy x kBusyThreads floats) and notes its end.
+static __global__ void __launch_bounds__(kBusyThreads)
+    busy_kernel(long long cycles, float * fresh, unsigned long long * end) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const long long t0 = clock64();
     while (clock64() - t0 < cycles) {
     }
+    fresh[blockIdx.x * kBusyThreads + threadIdx.x] = (float) t0;
     __syncthreads();
     if (threadIdx.x == 0) {
         end[blockIdx.x] = globaltimer();
@@ -64,7 +74,7 @@ static __global__ void __launch_bounds__(kBusyThreads) busy_kernel(long long cyc
 // times[4 b ..]: start, landed, waited (global timer, ns), SM.
 template <int ORDER>
 static __global__ void __launch_bounds__(kThreads, 2)
-    staged_kernel(const uint8_t * w, int64_t slice, int bytes, unsigned long long * times) {
+    staged_kernel(const uint8_t * w, int64_t slice, int bytes, const float4 * x, float * sink, unsigned long long * times) {
     extern __shared__ __align__(16) uint8_t smem[];
     const uint8_t *    src   = w + (int64_t) blockIdx.x * slice;
     unsigned long long start = 0, landed = 0, waited = 0;
@@ -92,7 +102,15 @@ static __global__ void __launch_bounds__(kThreads, 2)
             waited = globaltimer();
         }
     };
-    if (ORDER == kBulkFirst) {
+    if (ORDER == kFreshX || ORDER == kOldX) {
+        wait();
+        const float4 v = x[threadIdx.x % kXFloat4s];
+        sink[blockIdx.x * kThreads + threadIdx.x] = v.x + v.y + v.z + v.w;  // needs x's value
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            landed = globaltimer();
+        }
+    } else if (ORDER == kBulkFirst) {
         __shared__ uint64_t bar;
         probe_bulk_init(&bar);
         probe_bulk_copy(smem, src, bytes, &bar);
@@ -133,7 +151,7 @@ static __global__ void __launch_bounds__(kThreads, 2)
 
 template <int ORDER>
 static void launch_staged(int blocks, int smem, cudaStream_t stream, const uint8_t * w, int64_t slice, int bytes,
-                          unsigned long long * times) {
+                          const float4 * x, float * sink, unsigned long long * times) {
     cudaLaunchAttribute attr = {};
     attr.id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
@@ -144,7 +162,7 @@ static void launch_staged(int blocks, int smem, cudaStream_t stream, const uint8
     cfg.stream                                      = stream;
     cfg.attrs                                       = &attr;
     cfg.numAttrs                                    = 1;
-    CHECK(cudaLaunchKernelEx(&cfg, staged_kernel<ORDER>, w, slice, bytes, times));
+    CHECK(cudaLaunchKernelEx(&cfg, staged_kernel<ORDER>, w, slice, bytes, x, sink, times));
 }
 
 int main(int argc, char ** argv) {
@@ -176,11 +194,18 @@ int main(int argc, char ** argv) {
     uint8_t *     w      = probe_fresh_bytes(region, reps);
     CHECK(cudaMalloc(&d_times, 4 * blocks * sizeof(unsigned long long)));
     CHECK(cudaMalloc(&d_end, kBusy * sizeof(unsigned long long)));
+    float *fresh = nullptr, *old = nullptr, *sink = nullptr;
+    CHECK(cudaMalloc(&fresh, kBusy * kBusyThreads * sizeof(float)));
+    CHECK(cudaMalloc(&old, kXFloat4s * sizeof(float4)));
+    CHECK(cudaMemset(old, 0, kXFloat4s * sizeof(float4)));
+    CHECK(cudaMalloc(&sink, (size_t) blocks * kThreads * sizeof(float)));
     const int smem = kMaxBytes;
     CHECK(cudaFuncSetAttribute(staged_kernel<kLandFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CHECK(cudaFuncSetAttribute(staged_kernel<kWaitFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CHECK(cudaFuncSetAttribute(staged_kernel<kL2First>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CHECK(cudaFuncSetAttribute(staged_kernel<kBulkFirst>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CHECK(cudaFuncSetAttribute(staged_kernel<kFreshX>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CHECK(cudaFuncSetAttribute(staged_kernel<kOldX>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const long long cycles = (long long) (busy_us * clock_khz / 1e3);
@@ -191,24 +216,25 @@ int main(int argc, char ** argv) {
                 kBusy, kBusyThreads, busy_us, blocks, kThreads, reps);
     std::printf("| bytes a block | order | early blocks | block start | copies landed | wait ended |\n");
     std::printf("|---:|---|---:|---:|---:|---:|\n");
-    const char * names[] = { "land-first", "wait-first", "l2-first", "bulk-first" };
+    const char * names[] = { "land-first", "wait-first", "l2-first", "bulk-first", "fresh-x", "old-x" };
     std::vector<unsigned long long> times(4 * blocks), end(kBusy);
-    for (int bytes : sizes) {
-        for (int order = kLandFirst; order <= kBulkFirst; ++order) {
+    for (size_t si = 0; si < sizes.size(); ++si) {
+        const int bytes = sizes[si];
+        for (int order = kLandFirst; order <= (si + 1 == sizes.size() ? kOldX : kBulkFirst); ++order) {
             std::vector<double> starts, lands, waits;
             int                 early = 0;
             for (int r = 0; r < reps + 1; ++r) {  // the first one warms up
                 const uint8_t * src = w + region * (r % reps);
-                busy_kernel<<<kBusy, kBusyThreads, 0, stream>>>(cycles, d_end);
+                busy_kernel<<<kBusy, kBusyThreads, 0, stream>>>(cycles, fresh, d_end);
+                const float4 * x = (const float4 *) (order == kFreshX ? fresh : old);
                 CHECK(cudaGetLastError());
-                if (order == kLandFirst) {
-                    launch_staged<kLandFirst>(blocks, smem, stream, src, slice, bytes, d_times);
-                } else if (order == kWaitFirst) {
-                    launch_staged<kWaitFirst>(blocks, smem, stream, src, slice, bytes, d_times);
-                } else if (order == kL2First) {
-                    launch_staged<kL2First>(blocks, smem, stream, src, slice, bytes, d_times);
-                } else {
-                    launch_staged<kBulkFirst>(blocks, smem, stream, src, slice, bytes, d_times);
+                switch (order) {
+                    case kLandFirst: launch_staged<kLandFirst>(blocks, smem, stream, src, slice, bytes, x, sink, d_times); break;
+                    case kWaitFirst: launch_staged<kWaitFirst>(blocks, smem, stream, src, slice, bytes, x, sink, d_times); break;
+                    case kL2First:   launch_staged<kL2First>(blocks, smem, stream, src, slice, bytes, x, sink, d_times); break;
+                    case kBulkFirst: launch_staged<kBulkFirst>(blocks, smem, stream, src, slice, bytes, x, sink, d_times); break;
+                    case kFreshX:    launch_staged<kFreshX>(blocks, smem, stream, src, slice, bytes, x, sink, d_times); break;
+                    default:         launch_staged<kOldX>(blocks, smem, stream, src, slice, bytes, x, sink, d_times); break;
                 }
                 CHECK(cudaStreamSynchronize(stream));
                 CHECK(cudaMemcpy(times.data(), d_times, times.size() * sizeof(times[0]), cudaMemcpyDeviceToHost));
@@ -228,7 +254,7 @@ int main(int argc, char ** argv) {
                     waits.push_back(((double) times[4 * b + 2] - (double) busy_end) / 1e3);
                 }
             }
-            std::printf("| %d | %s | %d | %.2f | %.2f | %.2f |\n", bytes, names[order], early / reps, median(starts),
+            std::printf("| %d | %s | %d | %.2f | %.2f | %.2f |\n", order >= kFreshX ? 0 : bytes, names[order], early / reps, median(starts),
                         median(lands), median(waits));
         }
     }
@@ -236,5 +262,8 @@ int main(int argc, char ** argv) {
     CHECK(cudaFree(w));
     CHECK(cudaFree(d_times));
     CHECK(cudaFree(d_end));
+    CHECK(cudaFree(fresh));
+    CHECK(cudaFree(old));
+    CHECK(cudaFree(sink));
     return 0;
 }
