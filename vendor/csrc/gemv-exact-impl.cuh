@@ -135,7 +135,7 @@ static __device__ __forceinline__ uint64_t exact_globaltimer() {
 
 // TRACE: the kernel instance that writes them (its own instance: the marks' registers made ptxas
 // spill in the others).
-template <bool TRACE> static __device__ __forceinline__ void exact_trace_start(const exact_params & p) {
+template <bool TRACE> static __device__ __forceinline__ void exact_trace_start() {
     if (TRACE && threadIdx.x == 0) {
         exact_trace_marks & m = exact_marks();
         m.start               = exact_clock();
@@ -800,7 +800,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     constexpr bool glu  = GLU;  // the launch's segments all have FRT_GEMV_SWIGLU
     const int64_t bytes = (int64_t) n * s.row_stride;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
-    exact_trace_start<TRACE>(p);
+    exact_trace_start<TRACE>();
     exact_stager<BULK> stager;
     stager.bar = bar;
     const bool    valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, stager, [&]() {
@@ -906,7 +906,7 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     uint8_t *     stage = smem + p.smem_stage;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
-    exact_trace_start<TRACE>(p);
+    exact_trace_start<TRACE>();
     exact_stager<BULK> stager;
     stager.bar = bar;
     const bool    valid = exact_wait_and_stage<STAGED, false, TRACE>(p, s, slot, off, stager, [&]() {

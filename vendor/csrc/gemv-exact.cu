@@ -89,13 +89,14 @@ static exact_trace_ring & trace_ring() {
 cudaError_t frt_gemv_trace(int capacity) {
     exact_trace_ring &          r = trace_ring();
     std::lock_guard<std::mutex> lock(r.mutex);
-    if (r.records != nullptr) {
+    const auto                  release = [&r]() {
         cudaFree(r.records);
         cudaFree(r.cursor);
         r.records  = nullptr;
         r.cursor   = nullptr;
         r.capacity = 0;
-    }
+    };
+    release();
     if (capacity <= 0) {
         return cudaSuccess;
     }
@@ -110,10 +111,7 @@ cudaError_t frt_gemv_trace(int capacity) {
         err = cudaMemset(r.records, 0, (size_t) capacity * sizeof(frt_gemv_trace_record));
     }
     if (err != cudaSuccess) {
-        cudaFree(r.records);
-        cudaFree(r.cursor);
-        r.records = nullptr;
-        r.cursor  = nullptr;
+        release();
         return err;
     }
     r.capacity = capacity;
@@ -149,6 +147,14 @@ cudaError_t frt_gemv_trace_records(frt_gemv_trace_record * out, int max, int * n
         *n = (int) count;
     }
     return err;
+}
+
+// The plain or the SwiGLU instance (no tail) with the trace's records and/or bulk staging.
+template <bool TRACE, bool BULK>
+static cudaError_t exact_launch_glu(bool glu, int device, int blocks, int smem, cudaStream_t stream,
+                                    const exact_params & p) {
+    return glu ? exact_launch<frt_gemv_exact_kernel<true, false, TRACE, BULK>>(device, blocks, smem, stream, p)
+               : exact_launch<frt_gemv_exact_kernel<false, false, TRACE, BULK>>(device, blocks, smem, stream, p);
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
@@ -337,18 +343,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     }
     // frt_gemv_trace: the instances that write records (not the tail's); BULK: bulk-copy staging.
     const bool trace = p.trace != nullptr, bulk = exact_bulk(dev);
-    if (trace && bulk) {
-        return glu ? exact_launch<frt_gemv_exact_kernel<true, false, true, true>>(device, blocks, smem, stream, p)
-                   : exact_launch<frt_gemv_exact_kernel<false, false, true, true>>(device, blocks, smem, stream, p);
-    }
-    if (trace) {
-        return glu ? exact_launch<frt_gemv_exact_kernel<true, false, true>>(device, blocks, smem, stream, p)
-                   : exact_launch<frt_gemv_exact_kernel<false, false, true>>(device, blocks, smem, stream, p);
-    }
-    if (bulk) {
-        return glu ? exact_launch<frt_gemv_exact_kernel<true, false, false, true>>(device, blocks, smem, stream, p)
-                   : exact_launch<frt_gemv_exact_kernel<false, false, false, true>>(device, blocks, smem, stream, p);
-    }
-    return glu ? exact_launch<frt_gemv_exact_kernel<true>>(device, blocks, smem, stream, p)
-               : exact_launch<frt_gemv_exact_kernel<false>>(device, blocks, smem, stream, p);
+    const auto launch = trace ? (bulk ? exact_launch_glu<true, true> : exact_launch_glu<true, false>)
+                              : (bulk ? exact_launch_glu<false, true> : exact_launch_glu<false, false>);
+    return launch(glu, device, blocks, smem, stream, p);
 }
