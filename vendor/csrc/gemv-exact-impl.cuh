@@ -96,9 +96,6 @@ struct exact_params {
     // Where the next kernel may launch: after the prologue (0) or at the start (1,
     // GGML_FLASHRT_EXACT_TRIGGER=1, an experiment).
     int           dependents_at_start;
-    // Rows staged before the wait have landed before it (1, GGML_FLASHRT_EXACT_LAND_FIRST=1, an
-    // experiment): x's loads after the wait then queue behind no copies of the block's own.
-    int           land_first;
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
     frt_gemv_trace_record * trace;
@@ -748,9 +745,6 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
     __shared__ int routed[32];
     if (STAGED && s.ids == nullptr) {
         copy();
-        if (p.land_first) {
-            stager.wait_all();
-        }
     } else if (STAGED && GUESS && p.guess_logits != nullptr) {
         const int64_t base = off;
         exact_route(p, p.guess_logits, false, routed);
@@ -758,9 +752,6 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
         const int64_t guessed_off = off;
         if (guessed) {
             copy();
-            if (p.land_first) {
-                stager.wait_all();
-            }
         }
         frt_pdl_wait();
         exact_trace_mark<TRACE>(kMarkWaited);

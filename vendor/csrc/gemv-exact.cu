@@ -63,16 +63,6 @@ static bool exact_dependents_at_start() {
     return at_start;
 }
 
-// GGML_FLASHRT_EXACT_LAND_FIRST=1: a block's rows staged before its wait land before it
-// (exact_params::land_first; an experiment).
-static bool exact_land_first() {
-    static const bool land_first = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_LAND_FIRST");
-        return env != nullptr && std::atoi(env) == 1;
-    }();
-    return land_first;
-}
-
 // GGML_FLASHRT_EXACT_BULK=1: the staged rows' 16-byte runs go by the bulk-copy engine (exact_stager;
 // an experiment, sm_90 and newer).
 static bool exact_bulk(const gemv_device & dev) {
@@ -188,7 +178,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
     p.dependents_at_start = exact_dependents_at_start() ? 1 : 0;
-    p.land_first          = exact_land_first() ? 1 : 0;
     {
         exact_trace_ring &          r = trace_ring();
         std::lock_guard<std::mutex> lock(r.mutex);
