@@ -76,3 +76,12 @@ static __device__ __forceinline__ uint64_t bulk_evict_first_policy() {
 #endif
     return policy;
 }
+
+// The L2's usual priority, as a policy operand (for a copy that should not be marked evict-first).
+static __device__ __forceinline__ uint64_t bulk_evict_normal_policy() {
+    uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+#endif
+    return policy;
+}

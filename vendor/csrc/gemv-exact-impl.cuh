@@ -96,6 +96,7 @@ struct exact_params {
     // Where the next kernel may launch: after the prologue (0) or at the start (1,
     // GGML_FLASHRT_EXACT_TRIGGER=1, an experiment).
     int           dependents_at_start;
+    int           evict_first;  // the staged rows' copies marked evict-first in L2 (exact_stager)
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
     frt_gemv_trace_record * trace;
@@ -657,25 +658,44 @@ static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot
 }
 
 // Copies `bytes` from global src into shared dst with cp.async, `unit` (16 or 4) bytes a copy,
-// the block's threads in turn; gemv_cp_async_wait_all waits for them.
-static __device__ __forceinline__ void exact_copy(uint8_t * dst, const uint8_t * src, int64_t bytes, int unit) {
+// the block's threads in turn, with L2 policy `policy` when `hint`; gemv_cp_async_wait_all waits
+// for them.
+static __device__ __forceinline__ void exact_copy(uint8_t * dst, const uint8_t * src, int64_t bytes, int unit,
+                                                  bool hint, uint64_t policy) {
     for (int64_t at = (int64_t) unit * threadIdx.x; at < bytes; at += (int64_t) unit * kExactThreads) {
         if (unit == 16) {
-            gemv_cp_async16(dst + at, src + at, 16);
+            if (hint) {
+                gemv_cp_async16_hint(dst + at, src + at, policy);
+            } else {
+                gemv_cp_async16(dst + at, src + at, 16);
+            }
+        } else if (hint) {
+            gemv_cp_async4_hint(dst + at, src + at, policy);
         } else {
             gemv_cp_async4(dst + at, src + at);
         }
     }
 }
 
-// How a block stages its rows: cp.async by every thread (the default), or, BULK
-// (GGML_FLASHRT_EXACT_BULK=1, an experiment), the bulk-copy engine for the 16-byte aligned runs:
-// warp 0 issues them in 8 KB copies that complete on the block's mbarrier, whose phases `arms`
-// counts (a guess proved wrong stages again); 4-byte runs still go by cp.async. Every thread of
-// the block makes the same calls.
+// How a block stages its rows: BULK (the default on sm_90 and newer; GGML_FLASHRT_EXACT_BULK=0
+// turns it off) by the bulk-copy engine for the 16-byte aligned runs: warp 0 issues them in 8 KB
+// copies that complete on the block's mbarrier, whose phases `arms` counts (a guess proved wrong
+// stages again); 4-byte runs, and every run without BULK, by cp.async from every thread. The
+// weights are read once a step, so their copies are marked evict-first in L2 (exact_params::
+// evict_first; GGML_FLASHRT_EXACT_EVICT_FIRST=0: the usual priority, for cp.async no hint): they
+// then do not push out of L2 what the step reads again. Every thread of the block makes the same
+// calls.
 template <bool BULK> struct exact_stager {
     uint64_t * bar  = nullptr;  // BULK: the block's mbarrier (shared memory), initialised for one arrival
     int        arms = 0;
+    bool       hint = false;  // cp.async with `policy`
+    uint64_t   policy = 0;
+
+    __device__ __forceinline__ exact_stager(uint64_t * bar, bool evict_first) : bar(bar), hint(evict_first) {
+        if (BULK || evict_first) {
+            policy = evict_first ? bulk_evict_first_policy() : bulk_evict_normal_policy();
+        }
+    }
 
     // Before one staging's copies: the bytes its 16-byte runs bring.
     __device__ __forceinline__ void arm(int64_t bulk_bytes) {
@@ -692,13 +712,12 @@ template <bool BULK> struct exact_stager {
         if (BULK && unit == 16) {
             constexpr int kChunk = 8192;
             if (threadIdx.x < 32) {
-                const uint64_t policy = bulk_evict_first_policy();  // weights: read once a step
                 for (int64_t at = (int64_t) kChunk * threadIdx.x; at < bytes; at += (int64_t) kChunk * 32) {
                     bulk_copy(dst + at, src + at, (uint32_t) (bytes - at < kChunk ? bytes - at : kChunk), bar, policy);
                 }
             }
         } else {
-            exact_copy(dst, src, bytes, unit);
+            exact_copy(dst, src, bytes, unit, hint, policy);
         }
     }
 
@@ -801,8 +820,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int64_t bytes = (int64_t) n * s.row_stride;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
     exact_trace_start<TRACE>();
-    exact_stager<BULK> stager;
-    stager.bar = bar;
+    exact_stager<BULK> stager(bar, p.evict_first != 0);
     const bool    valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, stager, [&]() {
         stager.arm(s.stage_unit == 16 ? (glu ? 2 : 1) * bytes : 0);
         stager.copy(stage, s.w + off, bytes, s.stage_unit);
@@ -907,8 +925,7 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
     exact_trace_start<TRACE>();
-    exact_stager<BULK> stager;
-    stager.bar = bar;
+    exact_stager<BULK> stager(bar, p.evict_first != 0);
     const bool    valid = exact_wait_and_stage<STAGED, false, TRACE>(p, s, slot, off, stager, [&]() {
         stager.arm(s.stage_unit == 16 ? bytes : 0);
         stager.copy(stage, s.w + off, bytes, s.stage_unit);

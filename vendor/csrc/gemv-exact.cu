@@ -63,14 +63,23 @@ static bool exact_dependents_at_start() {
     return at_start;
 }
 
-// GGML_FLASHRT_EXACT_BULK=1: the staged rows' 16-byte runs go by the bulk-copy engine (exact_stager;
-// an experiment, sm_90 and newer).
+// The staged rows' 16-byte runs go by the bulk-copy engine (exact_stager) on sm_90 and newer,
+// unless GGML_FLASHRT_EXACT_BULK=0.
 static bool exact_bulk(const gemv_device & dev) {
     static const bool bulk = [] {
         const char * env = std::getenv("GGML_FLASHRT_EXACT_BULK");
-        return env != nullptr && std::atoi(env) == 1;
+        return env == nullptr || std::atoi(env) != 0;
     }();
     return bulk && dev.cc_major >= 9;
+}
+
+// The staged rows' copies are marked evict-first in L2 unless GGML_FLASHRT_EXACT_EVICT_FIRST=0.
+static bool exact_evict_first() {
+    static const bool evict_first = [] {
+        const char * env = std::getenv("GGML_FLASHRT_EXACT_EVICT_FIRST");
+        return env == nullptr || std::atoi(env) != 0;
+    }();
+    return evict_first;
 }
 
 // frt_gemv_trace's ring (one a process).
@@ -178,6 +187,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
     p.dependents_at_start = exact_dependents_at_start() ? 1 : 0;
+    p.evict_first         = exact_evict_first() ? 1 : 0;
     {
         exact_trace_ring &          r = trace_ring();
         std::lock_guard<std::mutex> lock(r.mutex);

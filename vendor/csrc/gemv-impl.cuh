@@ -309,6 +309,20 @@ static __device__ __forceinline__ void gemv_cp_async4(uint8_t * dst, const uint8
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst_shared), "l"(src) : "memory");
 }
 
+// The same copies with an L2 policy (createpolicy; sm_80 and newer), e.g. evict-first for weights
+// read once a step.
+static __device__ __forceinline__ void gemv_cp_async16_hint(uint8_t * dst, const uint8_t * src, uint64_t policy) {
+    const unsigned dst_shared = (unsigned) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst_shared), "l"(src), "l"(policy)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void gemv_cp_async4_hint(uint8_t * dst, const uint8_t * src, uint64_t policy) {
+    const unsigned dst_shared = (unsigned) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(dst_shared), "l"(src), "l"(policy)
+                 : "memory");
+}
+
 // Waits for this thread's copies (each thread reads back only what it copied).
 static __device__ __forceinline__ void gemv_cp_async_wait_all() {
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
