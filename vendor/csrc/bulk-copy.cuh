@@ -1,8 +1,9 @@
 #pragma once
 
 // mbarriers and the bulk-copy engine (cp.async.bulk, sm_90 and newer), for the kernels that stage
-// weights into shared memory with it (the bulk GEMV kernel; the exact kernel with
-// GGML_FLASHRT_EXACT_BULK=1). On older architectures the functions compile to nothing.
+// weights into shared memory with it (the bulk GEMV kernel), and the evict-first L2 policy their
+// copies and the exact kernel's cp.async copies carry. On older architectures the functions
+// compile to nothing.
 
 #include <cstdint>
 
@@ -73,15 +74,6 @@ static __device__ __forceinline__ uint64_t bulk_evict_first_policy() {
     uint64_t policy = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-#endif
-    return policy;
-}
-
-// The L2's usual priority, as a policy operand (for a copy that should not be marked evict-first).
-static __device__ __forceinline__ uint64_t bulk_evict_normal_policy() {
-    uint64_t policy = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
 #endif
     return policy;
 }

@@ -677,57 +677,26 @@ static __device__ __forceinline__ void exact_copy(uint8_t * dst, const uint8_t *
     }
 }
 
-// How a block stages its rows: BULK (the default on sm_90 and newer; GGML_FLASHRT_EXACT_BULK=0
-// turns it off) by the bulk-copy engine for the 16-byte aligned runs: warp 0 issues them in 8 KB
-// copies that complete on the block's mbarrier, whose phases `arms` counts (a guess proved wrong
-// stages again); 4-byte runs, and every run without BULK, by cp.async from every thread. The
-// weights are read once a step, so their copies are marked evict-first in L2 (exact_params::
-// evict_first; GGML_FLASHRT_EXACT_EVICT_FIRST=0: the usual priority, for cp.async no hint): they
-// then do not push out of L2 what the step reads again. Every thread of the block makes the same
-// calls.
-template <bool BULK> struct exact_stager {
-    uint64_t * bar  = nullptr;  // BULK: the block's mbarrier (shared memory), initialised for one arrival
-    int        arms = 0;
-    bool       hint = false;  // cp.async with `policy`
-    uint64_t   policy = 0;
+// How a block stages its rows: cp.async from every thread. The weights are read once a step, so
+// their copies are marked evict-first in L2 (exact_params::evict_first; GGML_FLASHRT_EXACT_EVICT_FIRST=0:
+// no hint): they then do not push out of L2 what the step reads again (measured: +8% decode).
+// Every thread of the block makes the same calls.
+struct exact_stager {
+    bool     hint   = false;
+    uint64_t policy = 0;
 
-    __device__ __forceinline__ exact_stager(uint64_t * bar, bool evict_first) : bar(bar), hint(evict_first) {
-        if (BULK || evict_first) {
-            policy = evict_first ? bulk_evict_first_policy() : bulk_evict_normal_policy();
-        }
-    }
-
-    // Before one staging's copies: the bytes its 16-byte runs bring.
-    __device__ __forceinline__ void arm(int64_t bulk_bytes) {
-        if (BULK && bulk_bytes > 0) {
-            if (threadIdx.x == 0) {
-                bulk_bar_arrive_expect(bar, (uint32_t) bulk_bytes);
-            }
-            __syncwarp();  // warp 0's copies after the announcement
-            ++arms;
+    __device__ __forceinline__ explicit exact_stager(bool evict_first) : hint(evict_first) {
+        if (evict_first) {
+            policy = bulk_evict_first_policy();
         }
     }
 
     __device__ __forceinline__ void copy(uint8_t * dst, const uint8_t * src, int64_t bytes, int unit) {
-        if (BULK && unit == 16) {
-            constexpr int kChunk = 8192;
-            if (threadIdx.x < 32) {
-                for (int64_t at = (int64_t) kChunk * threadIdx.x; at < bytes; at += (int64_t) kChunk * 32) {
-                    bulk_copy(dst + at, src + at, (uint32_t) (bytes - at < kChunk ? bytes - at : kChunk), bar, policy);
-                }
-            }
-        } else {
-            exact_copy(dst, src, bytes, unit, hint, policy);
-        }
+        exact_copy(dst, src, bytes, unit, hint, policy);
     }
 
-    // Every copy issued so far has landed (for the calling thread; a barrier after it for the block).
-    __device__ __forceinline__ void wait_all() {
-        gemv_cp_async_wait_all();
-        if (BULK && arms > 0) {
-            bulk_bar_wait(bar, (uint32_t) (arms - 1) & 1u);
-        }
-    }
+    // Every copy this thread issued has landed (a barrier after it for the block).
+    __device__ __forceinline__ void wait_all() { gemv_cp_async_wait_all(); }
 };
 
 // The matrix of slot `slot` (after the wait: expert ids come from an earlier kernel): adds its
@@ -802,9 +771,9 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
-template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool BULK>
+template <int TYPE, bool STAGED, bool GLU, bool TRACE>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
-                                  uint8_t * smem, uint64_t * bar) {
+                                  uint8_t * smem) {
     using item        = exact_item<TYPE>;
     const int n_items = p.k / item::qk * item::per_block;
     const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // threads a row
@@ -820,9 +789,8 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int64_t bytes = (int64_t) n * s.row_stride;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
     exact_trace_start<TRACE>();
-    exact_stager<BULK> stager(bar, p.evict_first != 0);
+    exact_stager stager(p.evict_first != 0);
     const bool    valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, stager, [&]() {
-        stager.arm(s.stage_unit == 16 ? (glu ? 2 : 1) * bytes : 0);
         stager.copy(stage, s.w + off, bytes, s.stage_unit);
         if constexpr (glu) {
             stager.copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
@@ -918,16 +886,15 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
 // rows: a warp's row in global memory takes one load latency per pass of mmvf's loop (4 at k =
 // 2048), which set the router pack's time; copied before the wait, the latency overlaps the
 // previous kernel and the prologue.
-template <bool STAGED, bool TRACE, bool BULK>
+template <bool STAGED, bool TRACE>
 static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
-                                      uint8_t * smem, uint64_t * bar) {
+                                      uint8_t * smem) {
     uint8_t *     stage = smem + p.smem_stage;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
     exact_trace_start<TRACE>();
-    exact_stager<BULK> stager(bar, p.evict_first != 0);
+    exact_stager stager(p.evict_first != 0);
     const bool    valid = exact_wait_and_stage<STAGED, false, TRACE>(p, s, slot, off, stager, [&]() {
-        stager.arm(s.stage_unit == 16 ? bytes : 0);
         stager.copy(stage, s.w + off, bytes, s.stage_unit);
     });
     exact_trace_mark<TRACE>(kMarkIssued);
@@ -999,18 +966,10 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
 // own instance too: the tail's code made ptxas spill in the plain one).
-template <bool GLU, bool TAIL = false, bool TRACE = false, bool BULK = false>
+template <bool GLU, bool TAIL = false, bool TRACE = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ uint64_t bar;  // BULK: the staged rows' mbarrier
-    if (BULK) {
-        if (threadIdx.x == 0) {
-            bulk_bar_init(&bar, 1);
-            bulk_bar_init_fence();
-        }
-        __syncthreads();
-    }
     if (p.dependents_at_start) {
         frt_pdl_launch_dependents();
     }
@@ -1025,20 +984,20 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, BULK>(p, s, slot, row0, n, vec, smem, &bar)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, BULK>(p, s, slot, row0, n, vec, smem, &bar);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, BULK>(p, s, slot, row0, n, vec, smem, &bar)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, BULK>(p, s, slot, row0, n, vec, smem, &bar);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, BULK>(p, s, slot, row0, n, vec, smem, &bar)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, BULK>(p, s, slot, row0, n, vec, smem, &bar);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         default:
-            s.stage_unit ? exact_rows_f32<true, TRACE, BULK>(p, s, slot, row0, n, vec, smem, &bar)
-                         : exact_rows_f32<false, TRACE, BULK>(p, s, slot, row0, n, vec, smem, &bar);
+            s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows_f32<false, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
     }
     if (TAIL) {  // a tail launch's two segments are the tail's

@@ -63,16 +63,6 @@ static bool exact_dependents_at_start() {
     return at_start;
 }
 
-// The staged rows' 16-byte runs go by the bulk-copy engine (exact_stager) on sm_90 and newer,
-// unless GGML_FLASHRT_EXACT_BULK=0.
-static bool exact_bulk(const gemv_device & dev) {
-    static const bool bulk = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_BULK");
-        return env == nullptr || std::atoi(env) != 0;
-    }();
-    return bulk && dev.cc_major >= 9;
-}
-
 // The staged rows' copies are marked evict-first in L2 unless GGML_FLASHRT_EXACT_EVICT_FIRST=0.
 static bool exact_evict_first() {
     static const bool evict_first = [] {
@@ -158,12 +148,12 @@ cudaError_t frt_gemv_trace_records(frt_gemv_trace_record * out, int max, int * n
     return err;
 }
 
-// The plain or the SwiGLU instance (no tail) with the trace's records and/or bulk staging.
-template <bool TRACE, bool BULK>
+// The plain or the SwiGLU instance (no tail), with the trace's records or without.
+template <bool TRACE>
 static cudaError_t exact_launch_glu(bool glu, int device, int blocks, int smem, cudaStream_t stream,
                                     const exact_params & p) {
-    return glu ? exact_launch<frt_gemv_exact_kernel<true, false, TRACE, BULK>>(device, blocks, smem, stream, p)
-               : exact_launch<frt_gemv_exact_kernel<false, false, TRACE, BULK>>(device, blocks, smem, stream, p);
+    return glu ? exact_launch<frt_gemv_exact_kernel<true, false, TRACE>>(device, blocks, smem, stream, p)
+               : exact_launch<frt_gemv_exact_kernel<false, false, TRACE>>(device, blocks, smem, stream, p);
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
@@ -351,9 +341,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks)
         return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
     }
-    // frt_gemv_trace: the instances that write records (not the tail's); BULK: bulk-copy staging.
-    const bool trace = p.trace != nullptr, bulk = exact_bulk(dev);
-    const auto launch = trace ? (bulk ? exact_launch_glu<true, true> : exact_launch_glu<true, false>)
-                              : (bulk ? exact_launch_glu<false, true> : exact_launch_glu<false, false>);
+    // frt_gemv_trace: the instances that write records (not the tail's).
+    const auto launch = p.trace != nullptr ? exact_launch_glu<true> : exact_launch_glu<false>;
     return launch(glu, device, blocks, smem, stream, p);
 }

@@ -20,8 +20,11 @@
 // stock's order (the LM head's logits are amplified by nothing; test-gemv bounds the float
 // rounding against a float64 sum of the same int8 x).
 
+#include "bulk-copy.cuh"
 #include "gemv-impl.cuh"
 #include "pdl.cuh"
+
+#include <cstdlib>
 
 static constexpr int kHeadThreads = 256;
 static constexpr int kHeadWarps   = kHeadThreads / 32;
@@ -58,12 +61,22 @@ static __device__ __forceinline__ int head_q0(int lane) {
     return (p & 1) + 4 * (p >> 1);
 }
 
-static __device__ __forceinline__ head_words head_load(const uint8_t * row, int b, int q0, int nb) {
+// EVICT_FIRST: the loads marked evict-first in L2 (`policy`), so that the head's 417 MB do not
+// push out of L2 what the next step reads again (GGML_FLASHRT_HEAD_EVICT_FIRST=1, an experiment).
+template <bool EVICT_FIRST>
+static __device__ __forceinline__ head_words head_load(const uint8_t * row, int b, int q0, int nb, uint64_t policy) {
     const uint8_t * blk = row + 208 * b;
-    return { gemv_ldg16(blk + 16 * q0),        gemv_ldg16(blk + 16 * (q0 + 2)),
-             gemv_ldg16(blk + 128 + 16 * (2 * (q0 >> 2) + (q0 & 1))),
-             gemv_ldg_u16(blk + 192 + 2 * q0), gemv_ldg_u16(blk + 192 + 2 * (q0 + 2)),
-             gemv_ldg_u16(row + 208 * nb + 2 * b) };
+    if constexpr (EVICT_FIRST) {
+        return { gemv_ldg16_hint(blk + 16 * q0, policy),        gemv_ldg16_hint(blk + 16 * (q0 + 2), policy),
+                 gemv_ldg16_hint(blk + 128 + 16 * (2 * (q0 >> 2) + (q0 & 1)), policy),
+                 gemv_ldg_u16_hint(blk + 192 + 2 * q0, policy), gemv_ldg_u16_hint(blk + 192 + 2 * (q0 + 2), policy),
+                 gemv_ldg_u16_hint(row + 208 * nb + 2 * b, policy) };
+    } else {
+        return { gemv_ldg16(blk + 16 * q0),        gemv_ldg16(blk + 16 * (q0 + 2)),
+                 gemv_ldg16(blk + 128 + 16 * (2 * (q0 >> 2) + (q0 & 1))),
+                 gemv_ldg_u16(blk + 192 + 2 * q0), gemv_ldg_u16(blk + 192 + 2 * (q0 + 2)),
+                 gemv_ldg_u16(row + 208 * nb + 2 * b) };
+    }
 }
 
 static __device__ __forceinline__ head_x head_x_of(const int8_t * xq, const uint2 * xm, int b, int q) {
@@ -110,19 +123,20 @@ static __device__ __forceinline__ float head_row(const head_words (&w)[NB8], con
 }
 
 // NB8: k / 2048 (a lane's items a row: 2 NB8). BLOCKS: blocks an SM holds (the register bound).
-template <int NB8, int BLOCKS>
+template <int NB8, int BLOCKS, bool EVICT_FIRST>
 __launch_bounds__(kHeadThreads, BLOCKS) static __global__ void frt_gemv_head_kernel(const __grid_constant__ head_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int lane = threadIdx.x % 32, q0 = head_q0(lane);
     const int warps = gridDim.x * kHeadWarps, warp = blockIdx.x * kHeadWarps + threadIdx.x / 32;
     const int nb = 8 * NB8;
 
+    const uint64_t policy = EVICT_FIRST ? bulk_evict_first_policy() : 0;
     head_words cur[NB8], nxt[NB8];
     const auto load = [&](head_words (&w)[NB8], int row) {
         const uint8_t * w_row = p.w + (int64_t) row * p.row_stride;
 #pragma unroll
         for (int m = 0; m < NB8; ++m) {
-            w[m] = head_load(w_row, lane / 4 + 8 * m, q0, nb);
+            w[m] = head_load<EVICT_FIRST>(w_row, lane / 4 + 8 * m, q0, nb, policy);
         }
     };
     if (warp < p.rows) {
@@ -169,8 +183,15 @@ __launch_bounds__(kHeadThreads, BLOCKS) static __global__ void frt_gemv_head_ker
 
 template <int NB8, int BLOCKS>
 static cudaError_t head_launch(const head_params & p, int sms, int smem, cudaStream_t stream) {
+    static const bool evict_first = [] {
+        const char * env = std::getenv("GGML_FLASHRT_HEAD_EVICT_FIRST");
+        return env != nullptr && std::atoi(env) == 1;
+    }();
     const int blocks = std::min(sms * BLOCKS, (p.rows + kHeadWarps - 1) / kHeadWarps);
-    return frt_launch(frt_gemv_head_kernel<NB8, BLOCKS>, dim3(blocks), dim3(kHeadThreads), (size_t) smem, stream, p);
+    return evict_first ? frt_launch(frt_gemv_head_kernel<NB8, BLOCKS, true>, dim3(blocks), dim3(kHeadThreads),
+                                    (size_t) smem, stream, p)
+                       : frt_launch(frt_gemv_head_kernel<NB8, BLOCKS, false>, dim3(blocks), dim3(kHeadThreads),
+                                    (size_t) smem, stream, p);
 }
 
 const char * frt_gemv_head_unsupported(const frt_gemv_args & a) {

@@ -150,6 +150,21 @@ static __device__ __forceinline__ uint32_t gemv_ldg_u16(const uint8_t * p) {
     return __ldg((const unsigned short *) p);
 }
 
+// The same loads with an L2 policy (createpolicy), e.g. evict-first for weights read once a step.
+static __device__ __forceinline__ uint4 gemv_ldg16_hint(const uint8_t * p, uint64_t policy) {
+    uint4 v;
+    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(policy));
+    return v;
+}
+
+static __device__ __forceinline__ uint32_t gemv_ldg_u16_hint(const uint8_t * p, uint64_t policy) {
+    unsigned short v;
+    asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(policy));
+    return v;
+}
+
 static __device__ __forceinline__ float gemv_half(uint32_t bits) {
     return __half2float(__ushort_as_half((unsigned short) (bits & 0xffff)));
 }
