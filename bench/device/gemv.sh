@@ -12,7 +12,7 @@
 # Usage (device, repository root): bench/device/gemv.sh [gemv-bench options for step 3, e.g. --tokens 1,2]
 #   GEMV_SWEEP=0 skips step 3 (gemv-bench is then not compiled).
 #   GEMV_SETTINGS (default none): settings test-gemv and gemv-bench (its frt-exact rows) run again
-#   under, ';' between settings, e.g. "GGML_FLASHRT_EXACT_TRIGGER=1;GGML_FLASHRT_EXACT_SLOTS=200".
+#   under, ';' between settings, e.g. "GGML_FLASHRT_EXACT_EVICT_FIRST=0;GGML_FLASHRT_L2_PREFETCH=1".
 # GEMV_PREBUILT=DIR: the test binaries and gemv-bench already built (e.g. on a CPU machine with the
 # pip nvcc, same flags, carried in .xtask/device): step 1 is skipped, nothing is compiled here.
 # Needs nvcc only: no .xtask/device bundle, no network. Writes to $OUT (default /tmp/gemv):

@@ -93,9 +93,6 @@ struct exact_params {
     // frt_gemv_args::tail (out non-null): its segments' blocks count their rows and complete it.
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
-    // Where the next kernel may launch: after the prologue (0) or at the start (1,
-    // GGML_FLASHRT_EXACT_TRIGGER=1, an experiment).
-    int           dependents_at_start;
     int           evict_first;  // the staged rows' copies marked evict-first in L2 (exact_stager)
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
@@ -581,9 +578,7 @@ static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * 
     gemv_prologue_x<kExactThreads>(in, (int8_t *) smem, (uint2 *) (smem + p.smem_xm), (float *) (smem + p.smem_xf),
                                    threadIdx.x, 0);
     __syncthreads();
-    if (!p.dependents_at_start) {
-        frt_pdl_launch_dependents();
-    }
+    frt_pdl_launch_dependents();
     return vec - first;
 }
 
@@ -970,9 +965,6 @@ template <bool GLU, bool TAIL = false, bool TRACE = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    if (p.dependents_at_start) {
-        frt_pdl_launch_dependents();
-    }
     int si = 0;
     while (si + 1 < p.n_segments && (int) blockIdx.x >= p.seg[si + 1].block_begin) {
         ++si;

@@ -42,27 +42,6 @@ int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf)
     return exact_layout(a, smem_xm, smem_xf, smem_part, q8, f32);
 }
 
-// Blocks a wave of a launch: GGML_FLASHRT_EXACT_SLOTS=N (fewer than the SMs' 2 each leave room for
-// the next kernel's blocks to start and stage their weights while this one runs; an experiment),
-// else every slot.
-static int exact_wave(int sms) {
-    static const int slots = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_SLOTS");
-        return env != nullptr ? std::atoi(env) : 0;
-    }();
-    return slots >= sms && slots < sms * kExactBlocksPerSm ? slots : sms * kExactBlocksPerSm;
-}
-
-// GGML_FLASHRT_EXACT_TRIGGER=1: the next kernel may launch at this one's start rather than after
-// its prologue (exact_params::dependents_at_start; an experiment).
-static bool exact_dependents_at_start() {
-    static const bool at_start = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_TRIGGER");
-        return env != nullptr && std::atoi(env) == 1;
-    }();
-    return at_start;
-}
-
 // The staged rows' copies are marked evict-first in L2 unless GGML_FLASHRT_EXACT_EVICT_FIRST=0.
 static bool exact_evict_first() {
     static const bool evict_first = [] {
@@ -176,7 +155,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out        = a.x_normed;
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
-    p.dependents_at_start = exact_dependents_at_start() ? 1 : 0;
     p.evict_first         = exact_evict_first() ? 1 : 0;
     {
         exact_trace_ring &          r = trace_ring();
@@ -245,7 +223,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     }
     p.need_q8        = q8;
     p.need_f32       = f32;
-    const int wave   = exact_wave(dev.sms);
+    const int wave   = dev.sms * kExactBlocksPerSm;  // every slot: two blocks fill an SM's registers
     const int copies = exact_row_copies(a);
     // The launch's shape at `rows` rows a block: each staged segment's rows a block (`rows`, or as
     // many of its wider rows as fit, at least 4: else its rows are read in place), the shared
