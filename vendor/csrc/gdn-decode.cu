@@ -208,7 +208,7 @@ static __device__ __forceinline__ void gdn_head_step(const frt_gdn_decode_args &
                                                      float (&state)[head_dim / 32][head_dim / 32], float * dst,
                                                      const float * q_src, const float * k_src, const float * v_src,
                                                      float g_val, float beta_val, float z, float norm_w, float * attn,
-                                                     float * warp_sums) {
+                                                     float * warp_sums, bool stream_state) {
     constexpr int cols_per_warp = head_dim / 32;
     constexpr int rows_per_lane = head_dim / 32;
     const int     lane          = threadIdx.x;
@@ -242,7 +242,12 @@ static __device__ __forceinline__ void gdn_head_step(const frt_gdn_decode_args &
         const float attn_col = gdn_warp_sum(attn_partial);
 #pragma unroll
         for (int r = 0; r < rows_per_lane; r++) {
-            dst[col * head_dim + r * 32 + lane] = state[j][r];
+            float * to = dst + col * head_dim + r * 32 + lane;
+            if (stream_state) {
+                __stcs(to, state[j][r]);
+            } else {
+                *to = state[j][r];
+            }
         }
         if (lane == 0) {
             attn[col] = attn_col * a.attn_scale;
@@ -272,13 +277,18 @@ static __device__ __forceinline__ void gdn_head_step(const frt_gdn_decode_args &
 }
 
 // The head's state from row `from` (lane l of warp w: columns w + 32 j, rows l + 32 r).
-static __device__ __forceinline__ void gdn_load_state(float (&state)[head_dim / 32][head_dim / 32], const float * from) {
+// stream_state: loaded (and in gdn_head_step stored) as streaming, evict-first in L2
+// (GGML_FLASHRT_GDN_STATE_STREAM=1, an experiment): the states, 2 MB a layer, are read once a step,
+// more than L2 holds over the step, and would otherwise push out what the step reads again.
+static __device__ __forceinline__ void gdn_load_state(float (&state)[head_dim / 32][head_dim / 32], const float * from,
+                                                      bool stream_state = false) {
 #pragma unroll
     for (int j = 0; j < head_dim / 32; ++j) {
         const int col = threadIdx.y + 32 * j;
 #pragma unroll
         for (int r = 0; r < head_dim / 32; ++r) {
-            state[j][r] = from[col * head_dim + r * 32 + threadIdx.x];
+            const float * at = from + col * head_dim + r * 32 + threadIdx.x;
+            state[j][r]      = stream_state ? __ldcs(at) : *at;
         }
     }
 }
@@ -323,7 +333,7 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt
     const int     kh = h % a.k_heads;
     gdn_head_step(a, h, s, state, dst, sc + kh * head_dim, sc + (a.k_heads + kh) * head_dim,
                   sc + (2 * a.k_heads + h) * head_dim, expf(sc[channels + h]), sc[channels + a.v_heads + h], z, norm_w,
-                  attn, warp_sums);
+                  attn, warp_sums, false);
 }
 
 // One sequence in one launch: one block per value head (32 warps, as recur), which also does
@@ -339,7 +349,7 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_recur_kernel(const frt
 // instead of waiting for the first one's through the scratch and a flag; the first still alone
 // writes their conv state, once every block of the cluster has read the old one (a cluster
 // barrier: arrive after the reads, wait before the writes).
-template <bool CLUSTER>
+template <bool CLUSTER, bool STREAM_STATE>
 static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const frt_gdn_decode_args a, bool early) {
     if (early) {
         frt_pdl_launch_dependents();
@@ -373,7 +383,7 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
     // Before the wait, as recur and prep: the state and conv columns of the own row, the weights.
     float * dst = a.ssm_state + a.dst_row * a.ssm_row + h * head_dim * head_dim;
     float   state[head_dim / 32][head_dim / 32];
-    gdn_load_state(state, dst);
+    gdn_load_state(state, dst, STREAM_STATE);
     float x[conv_taps] = {};
     float w[conv_taps] = {};
     if (c >= 0) {
@@ -400,7 +410,7 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
     }
     const int row = a.ids[0];
     if (row != a.dst_row) {
-        gdn_load_state(state, a.ssm_state + row * a.ssm_row + h * head_dim * head_dim);
+        gdn_load_state(state, a.ssm_state + row * a.ssm_row + h * head_dim * head_dim, STREAM_STATE);
     }
     const float z = warp < 4 ? a.z[h * a.z_head + warp * 32 + lane] : 0.0f;
 
@@ -476,7 +486,8 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
         }
     }
     __syncthreads();
-    gdn_head_step(a, h, 0, state, dst, qk[0], qk[1], v, expf(gates[0]), gates[1], z, norm_w, attn, warp_sums);
+    gdn_head_step(a, h, 0, state, dst, qk[0], qk[1], v, expf(gates[0]), gates[1], z, norm_w, attn, warp_sums,
+                  STREAM_STATE);
     if (CLUSTER && !writer) {  // the arrival's wait, before the block leaves
         asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
     }
@@ -493,6 +504,16 @@ static bool gdn_cluster_enabled() {
     return on;
 }
 
+// GGML_FLASHRT_GDN_STATE_STREAM=1: the one-sequence launch loads and stores the recurrent state as
+// streaming (evict-first in L2; an experiment).
+static bool gdn_state_stream() {
+    static const bool on = [] {
+        const char * env = std::getenv("GGML_FLASHRT_GDN_STATE_STREAM");
+        return env != nullptr && std::atoi(env) == 1;
+    }();
+    return on;
+}
+
 cudaError_t frt_gdn_decode(const frt_gdn_decode_args & a, cudaStream_t stream) {
     if (a.n_seqs < 1 || a.n_seqs > max_seqs || a.k_heads < 1 || a.v_heads % a.k_heads != 0) {
         return cudaErrorInvalidValue;
@@ -500,11 +521,16 @@ cudaError_t frt_gdn_decode(const frt_gdn_decode_args & a, cudaStream_t stream) {
     if (a.n_seqs == 1 && a.flags != nullptr) {
         const int sharing = a.v_heads / a.k_heads;
         if (gdn_cluster_enabled() && sharing >= 2 && sharing <= 8) {
-            return frt_launch_clustered(frt_gdn_single_kernel<true>, dim3(a.v_heads), dim3(32, 32), 0, stream, sharing, a,
-                                        frt_pdl_early_dependents());
+            return gdn_state_stream()
+                       ? frt_launch_clustered(frt_gdn_single_kernel<true, true>, dim3(a.v_heads), dim3(32, 32), 0,
+                                              stream, sharing, a, frt_pdl_early_dependents())
+                       : frt_launch_clustered(frt_gdn_single_kernel<true, false>, dim3(a.v_heads), dim3(32, 32), 0,
+                                              stream, sharing, a, frt_pdl_early_dependents());
         }
-        return frt_launch(frt_gdn_single_kernel<false>, dim3(a.v_heads), dim3(32, 32), 0, stream, a,
-                          frt_pdl_early_dependents());
+        return gdn_state_stream() ? frt_launch(frt_gdn_single_kernel<false, true>, dim3(a.v_heads), dim3(32, 32), 0,
+                                               stream, a, frt_pdl_early_dependents())
+                                  : frt_launch(frt_gdn_single_kernel<false, false>, dim3(a.v_heads), dim3(32, 32), 0,
+                                               stream, a, frt_pdl_early_dependents());
     }
     const int   conv_blocks = 2 * a.k_heads + a.v_heads;
     cudaError_t err = frt_launch(frt_gdn_prep_kernel, dim3(conv_blocks + copy_blocks), dim3(head_dim), 0, stream, a);
