@@ -218,13 +218,14 @@ void flashrt_exact_trace_write() {
     for (const auto & [tag, name] : t.names) {
         std::fprintf(f, "launch\t%llx\t%s\t%s\n", (unsigned long long) tag, name.first.c_str(), name.second.c_str());
     }
-    std::fprintf(f, "#block\ttag\tblock\tgrid\tsm\tkind\tstart_ns\tend_ns\twaited\tissued\tprologue\tlanded\t"
-                    "products\tstored\n");
+    std::fprintf(f, "#block\ttag\tblock\tgrid\tsm\tkind\tstart_ns\tend_ns\twaited\tissued\tnormed\tprologue\t"
+                    "landed\tproducts\tstored\n");
     for (int i = 0; i < n; ++i) {
         const frt_gemv_trace_record & r = records[i];
-        std::fprintf(f, "block\t%llx\t%u\t%u\t%u\t%u\t%llu\t%llu\t%u\t%u\t%u\t%u\t%u\t%u\n", (unsigned long long) r.tag,
-                     r.block, r.grid, r.sm, r.kind, (unsigned long long) r.start_ns, (unsigned long long) r.end_ns, r.waited,
-                     r.issued, r.prologue, r.landed, r.products, r.stored);
+        std::fprintf(f, "block\t%llx\t%u\t%u\t%u\t%u\t%llu\t%llu\t%u\t%u\t%u\t%u\t%u\t%u\t%u\n",
+                     (unsigned long long) r.tag, (unsigned) r.block, (unsigned) r.grid, r.sm, r.kind,
+                     (unsigned long long) r.start_ns, (unsigned long long) r.end_ns, r.waited, r.issued, r.normed,
+                     r.prologue, r.landed, r.products, r.stored);
     }
     std::fclose(f);
 }

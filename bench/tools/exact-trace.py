@@ -13,8 +13,11 @@ of a step (the same launch in every layer taken together, medians over layers an
   resident  when its median block started, µs after the launch's first block started
   then, per block (median over the launch's blocks; `crit` = the block that ended last): µs from
   the block's start to its wait's end (wait), then to its rows' copies issued (issue: expert rows
-  after the routing), to x in shared memory (prologue), to its rows landed (landed), to its
-  products summed (products), to its rows stored (store).
+  after the routing), to the norm's scales summed (norm: x's first pass; nothing where the launch
+  has no norm; traces from before this mark show none), to x in shared memory (prologue), to its
+  rows landed (landed), to its products summed (products), to its rows stored (store).
+  The wait mark reads the SM clock right after `griddepcontrol.wait`; a dense launch's issue mark
+  (nothing between the two) comes ~1 µs later, so read the issue mark as the wait's real end.
 
 Cycles become µs at the clock measured from the records themselves (cycles over globaltimer
 nanoseconds, blocks of at least 4 µs). The globaltimer may tick coarsely (~1 µs on some GPUs), so
@@ -29,8 +32,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-PHASES = ["waited", "issued", "prologue", "landed", "products", "stored"]
-PHASE_NAMES = ["wait", "issue", "prologue", "landed", "products", "store"]
+PHASES = ["waited", "issued", "normed", "prologue", "landed", "products", "stored"]
+PHASE_NAMES = ["wait", "issue", "norm", "prologue", "landed", "products", "store"]
 
 
 def parse(path):
@@ -45,13 +48,15 @@ def parse(path):
             elif cols[0] == "block":
                 tag = int(cols[1], 16)
                 block, grid, sm, kind, start, end = (int(c) for c in cols[2:8])
-                marks = [int(c) for c in cols[8:14]]
+                marks = [int(c) for c in cols[8:]]
+                if len(marks) == len(PHASES) - 1:  # a trace from before the norm mark: none there
+                    marks.insert(2, marks[1])
                 blocks.append((tag, block, grid, sm, kind, start, end, marks))
     return names, blocks
 
 
 def clock_per_ns(blocks):
-    ratios = [b[7][5] / (b[6] - b[5]) for b in blocks if b[6] - b[5] >= 4000]
+    ratios = [b[7][-1] / (b[6] - b[5]) for b in blocks if b[6] - b[5] >= 4000]
     if not ratios:
         sys.exit("exact-trace: no block of 4 µs or more to measure the clock by")
     return statistics.median(ratios)

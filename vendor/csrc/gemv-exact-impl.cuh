@@ -104,7 +104,7 @@ struct exact_params {
 
 // The trace's marks (frt_gemv_trace_record), noted by thread 0 in shared memory, so that no
 // register is held across the kernel for them.
-enum exact_mark : int { kMarkWaited, kMarkIssued, kMarkPrologue, kMarkLanded, kMarkProducts, kMarks };
+enum exact_mark : int { kMarkWaited, kMarkIssued, kMarkNormed, kMarkPrologue, kMarkLanded, kMarkProducts, kMarks };
 struct exact_trace_marks {
     uint64_t start_ns;
     unsigned start, at[kMarks];  // %clock (32 bits: a mark costs one register; differences wrap alike)
@@ -161,8 +161,8 @@ template <bool TRACE> static __device__ void exact_trace_end(const exact_params 
     r.stored   = exact_clock() - m.start;
     r.end_ns   = exact_globaltimer();
     r.tag      = (uint64_t) (uintptr_t) p.seg[0].w;
-    r.block    = blockIdx.x;
-    r.grid     = gridDim.x;
+    r.block    = (uint16_t) blockIdx.x;
+    r.grid     = (uint16_t) gridDim.x;
     unsigned sm = 0;
 #if defined(__CUDA_ARCH__)
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -174,6 +174,7 @@ template <bool TRACE> static __device__ void exact_trace_end(const exact_params 
     r.start_ns = m.start_ns;
     r.waited   = m.at[kMarkWaited] - m.start;
     r.issued   = m.at[kMarkIssued] - m.start;
+    r.normed   = m.at[kMarkNormed] - m.start;
     r.prologue = m.at[kMarkPrologue] - m.start;
     r.landed   = m.at[kMarkLanded] - m.start;
     r.products = m.at[kMarkProducts] - m.start;
@@ -565,6 +566,7 @@ static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int
 // block's vector `vec` (or its segment's own input), unless the launch keeps the normed vectors
 // (block 0 writes them all).
 // Returns where vec is among the vectors in shared memory.
+template <bool TRACE>
 static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem, const float * own_x) {
     const bool       all   = p.x_out != nullptr;
     const int        first = all ? 0 : vec, n = all ? p.n_vec : 1;
@@ -573,6 +575,7 @@ static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * 
     if (p.norm != nullptr) {
         exact_norm_scales(x, p.x_stride, n, p.k, p.eps, norm_scales);
     }
+    exact_trace_mark<TRACE>(kMarkNormed);
     const gemv_x_in in = { x,        p.norm,   p.x_stride, p.eps, p.k, n, p.need_q8, p.need_f32,
                            blockIdx.x == 0 ? p.x_out : nullptr, p.x_out_stride, norm_scales };
     gemv_prologue_x<kExactThreads>(in, (int8_t *) smem, (uint2 *) (smem + p.smem_xm), (float *) (smem + p.smem_xf),
@@ -793,7 +796,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     });
     exact_trace_mark<TRACE>(kMarkIssued);
     exact_prefetch_later(p);
-    const int at = exact_prologue(p, vec, smem, s.x);
+    const int at = exact_prologue<TRACE>(p, vec, smem, s.x);
     exact_trace_mark<TRACE>(kMarkPrologue);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
@@ -894,7 +897,7 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     });
     exact_trace_mark<TRACE>(kMarkIssued);
     exact_prefetch_later(p);
-    const int at = exact_prologue(p, vec, smem, s.x);
+    const int at = exact_prologue<TRACE>(p, vec, smem, s.x);
     exact_trace_mark<TRACE>(kMarkPrologue);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;

@@ -209,15 +209,16 @@ struct frt_gemv_args {
 // instance (frt_gemv_args::tail) has no traced twin: its launches write nothing.
 struct frt_gemv_trace_record {
     uint64_t tag;          // the launch's first segment's weights (seg[0].w): which launch of a step
-    uint32_t block, grid;  // blockIdx.x, gridDim.x
+    uint16_t block, grid;  // blockIdx.x, gridDim.x (an exact launch has at most a few thousand blocks)
     uint32_t sm;           // %smid
-    uint32_t kind;         // seg type | n_segments << 8 | SwiGLU << 16 | routes << 17 | guesses << 18 | norm << 19
     uint64_t start_ns;     // %globaltimer at the block's start
     uint64_t end_ns;       // %globaltimer once its rows are stored
+    uint32_t kind;         // seg type | n_segments << 8 | SwiGLU << 16 | routes << 17 | guesses << 18 | norm << 19
     // SM clock cycles from the block's start to: its wait for the previous kernel returned, its rows'
-    // copies issued (expert rows after the routing), x in shared memory (prologue), its rows landed in
-    // shared memory, its products summed, its rows stored.
-    uint32_t waited, issued, prologue, landed, products, stored;
+    // copies issued (expert rows after the routing), the norm's scales summed (x's first pass; the
+    // issue mark's time where the launch has no norm), x in shared memory (prologue), its rows
+    // landed in shared memory, its products summed, its rows stored.
+    uint32_t waited, issued, normed, prologue, landed, products, stored;
 };
 static_assert(sizeof(frt_gemv_trace_record) == 64, "one record a block, 64 bytes");
 // capacity > 0: records into a ring of `capacity` records from the next launch on (allocated here:

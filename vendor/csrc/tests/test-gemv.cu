@@ -1173,8 +1173,8 @@ bool run_trace_case(std::mt19937_64 & rng) {
             if (t.kind != (type | 1u << 8 | 1u << 19)) {  // one segment, a norm, no SwiGLU or routing
                 fail("kind", t.kind, type);
             }
-            const unsigned marks[] = { 0, t.waited, t.issued, t.prologue, t.landed, t.products, t.stored };
-            for (int m = 1; m < 7; ++m) {
+            const unsigned marks[] = { 0, t.waited, t.issued, t.normed, t.prologue, t.landed, t.products, t.stored };
+            for (int m = 1; m < 8; ++m) {
                 if (marks[m] < marks[m - 1] || marks[m] > (1u << 30)) {
                     fail("marks out of order", m, marks[m]);
                 }
