@@ -683,10 +683,15 @@ struct exact_stager {
     bool     hint   = false;
     uint64_t policy = 0;
 
-    __device__ __forceinline__ explicit exact_stager(bool evict_first) : hint(evict_first) {
+    __device__ __forceinline__ explicit exact_stager(bool evict_first) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk_evict_first_policy's architectures
+        hint = evict_first;
         if (evict_first) {
             policy = bulk_evict_first_policy();
         }
+#else
+        (void) evict_first;
+#endif
     }
 
     __device__ __forceinline__ void copy(uint8_t * dst, const uint8_t * src, int64_t bytes, int unit) {
