@@ -520,17 +520,13 @@ cudaError_t frt_gdn_decode(const frt_gdn_decode_args & a, cudaStream_t stream) {
     }
     if (a.n_seqs == 1 && a.flags != nullptr) {
         const int sharing = a.v_heads / a.k_heads;
+        const bool s = gdn_state_stream();
         if (gdn_cluster_enabled() && sharing >= 2 && sharing <= 8) {
-            return gdn_state_stream()
-                       ? frt_launch_clustered(frt_gdn_single_kernel<true, true>, dim3(a.v_heads), dim3(32, 32), 0,
-                                              stream, sharing, a, frt_pdl_early_dependents())
-                       : frt_launch_clustered(frt_gdn_single_kernel<true, false>, dim3(a.v_heads), dim3(32, 32), 0,
-                                              stream, sharing, a, frt_pdl_early_dependents());
+            return frt_launch_clustered(s ? frt_gdn_single_kernel<true, true> : frt_gdn_single_kernel<true, false>,
+                                        dim3(a.v_heads), dim3(32, 32), 0, stream, sharing, a, frt_pdl_early_dependents());
         }
-        return gdn_state_stream() ? frt_launch(frt_gdn_single_kernel<false, true>, dim3(a.v_heads), dim3(32, 32), 0,
-                                               stream, a, frt_pdl_early_dependents())
-                                  : frt_launch(frt_gdn_single_kernel<false, false>, dim3(a.v_heads), dim3(32, 32), 0,
-                                               stream, a, frt_pdl_early_dependents());
+        return frt_launch(s ? frt_gdn_single_kernel<false, true> : frt_gdn_single_kernel<false, false>, dim3(a.v_heads),
+                          dim3(32, 32), 0, stream, a, frt_pdl_early_dependents());
     }
     const int   conv_blocks = 2 * a.k_heads + a.v_heads;
     cudaError_t err = frt_launch(frt_gdn_prep_kernel, dim3(conv_blocks + copy_blocks), dim3(head_dim), 0, stream, a);

@@ -66,17 +66,11 @@ static __device__ __forceinline__ int head_q0(int lane) {
 template <bool EVICT_FIRST>
 static __device__ __forceinline__ head_words head_load(const uint8_t * row, int b, int q0, int nb, uint64_t policy) {
     const uint8_t * blk = row + 208 * b;
-    if constexpr (EVICT_FIRST) {
-        return { gemv_ldg16_hint(blk + 16 * q0, policy),        gemv_ldg16_hint(blk + 16 * (q0 + 2), policy),
-                 gemv_ldg16_hint(blk + 128 + 16 * (2 * (q0 >> 2) + (q0 & 1)), policy),
-                 gemv_ldg_u16_hint(blk + 192 + 2 * q0, policy), gemv_ldg_u16_hint(blk + 192 + 2 * (q0 + 2), policy),
-                 gemv_ldg_u16_hint(row + 208 * nb + 2 * b, policy) };
-    } else {
-        return { gemv_ldg16(blk + 16 * q0),        gemv_ldg16(blk + 16 * (q0 + 2)),
-                 gemv_ldg16(blk + 128 + 16 * (2 * (q0 >> 2) + (q0 & 1))),
-                 gemv_ldg_u16(blk + 192 + 2 * q0), gemv_ldg_u16(blk + 192 + 2 * (q0 + 2)),
-                 gemv_ldg_u16(row + 208 * nb + 2 * b) };
-    }
+    return { gemv_ldg16_as<EVICT_FIRST>(blk + 16 * q0, policy), gemv_ldg16_as<EVICT_FIRST>(blk + 16 * (q0 + 2), policy),
+             gemv_ldg16_as<EVICT_FIRST>(blk + 128 + 16 * (2 * (q0 >> 2) + (q0 & 1)), policy),
+             gemv_ldg_u16_as<EVICT_FIRST>(blk + 192 + 2 * q0, policy),
+             gemv_ldg_u16_as<EVICT_FIRST>(blk + 192 + 2 * (q0 + 2), policy),
+             gemv_ldg_u16_as<EVICT_FIRST>(row + 208 * nb + 2 * b, policy) };
 }
 
 static __device__ __forceinline__ head_x head_x_of(const int8_t * xq, const uint2 * xm, int b, int q) {

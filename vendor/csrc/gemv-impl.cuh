@@ -165,6 +165,23 @@ static __device__ __forceinline__ uint32_t gemv_ldg_u16_hint(const uint8_t * p, 
     return v;
 }
 
+// The plain loads, or with HINT the loads with `policy`.
+template <bool HINT> static __device__ __forceinline__ uint4 gemv_ldg16_as(const uint8_t * p, uint64_t policy) {
+    if constexpr (HINT) {
+        return gemv_ldg16_hint(p, policy);
+    } else {
+        return gemv_ldg16(p);
+    }
+}
+
+template <bool HINT> static __device__ __forceinline__ uint32_t gemv_ldg_u16_as(const uint8_t * p, uint64_t policy) {
+    if constexpr (HINT) {
+        return gemv_ldg_u16_hint(p, policy);
+    } else {
+        return gemv_ldg_u16(p);
+    }
+}
+
 static __device__ __forceinline__ float gemv_half(uint32_t bits) {
     return __half2float(__ushort_as_half((unsigned short) (bits & 0xffff)));
 }
