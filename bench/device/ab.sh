@@ -13,6 +13,8 @@
 #                   of the default (~4 min, +1 a further experiment)
 # AB: the experiments' settings, e.g. AB="GGML_FLASHRT_HEAD_KERNEL=0": within one experiment
 # space-separated, experiments separated by ';' (AB="A=1;A=1 B=4"). ROUNDS: bench rounds (3).
+# EXTRA_TESTS="pp512,tg128@d8192": bench (and check without BENCH=0) also runs these tests, the
+# default against stock only, ROUNDS rounds (bench-extra.log).
 # AB_PARITY=1: the 4-layer parity under each experiment too (for one that is not stock's bits).
 # TRACE=1: bench and compare end with the exact kernel's trace of a tg64 run (GGML_FLASHRT_EXACT_TRACE,
 # summarised by bench/tools/exact-trace.py: each launch's blocks, phase by phase), of the default and
@@ -86,6 +88,10 @@ bench_and_parity() {  # bench of stock, the default and the experiments interlea
     done
     "$xtask" bench --model "$model" --arch 90a --rounds "${ROUNDS:-3}" --tests tg128 "${also[@]}" > "$out/bench.log" 2>&1
     grep -E '^\| tg128' "$out/bench.log" | while read -r line; do say "bench: $line"; done
+    if [ -n "${EXTRA_TESTS:-}" ]; then  # the default alone against stock (no experiments)
+        "$xtask" bench --model "$model" --arch 90a --rounds "${ROUNDS:-3}" --tests "$EXTRA_TESTS" > "$out/bench-extra.log" 2>&1
+        grep -E '^\| (pp|tg)[0-9]' "$out/bench-extra.log" | while read -r line; do say "bench: $line"; done
+    fi
     local small=/tmp/models/qwen36-l4-e8.gguf
     "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" > /dev/null 2>&1
     parity "$small"

@@ -133,7 +133,7 @@ def main():
             start = min(b[5] for b in g)
             end = max(b[6] for b in g)
             crit = max(g, key=lambda b: b[6])
-            med = [statistics.median(us(b[7][i]) for b in g) for i in range(6)]
+            med = [statistics.median(us(b[7][i]) for b in g) for i in range(len(PHASES))]
             m = {
                 "blocks": len(g),
                 "span": (end - start) / 1000.0,
@@ -163,9 +163,9 @@ def main():
         total_chain += sum(chains) / len(chosen)
         cells = [label, str(len(ms) // len(chosen)), f"{med(lambda m: m['blocks']):.0f}", f"{med(lambda m: m['span']):.2f}",
                  f"{chain:.2f}", f"{med(lambda m: m['resident']):.2f}"]
-        cells += [f"{med(lambda m, i=i: m['med'][i]):.2f}" for i in range(6)]
+        cells += [f"{med(lambda m, i=i: m['med'][i]):.2f}" for i in range(len(PHASES))]
         cells += [f"{med(lambda m: m['crit_start']):.2f}"]
-        cells += [f"{med(lambda m, i=i: m['crit'][i]):.2f}" for i in range(6)]
+        cells += [f"{med(lambda m, i=i: m['crit'][i]):.2f}" for i in range(len(PHASES))]
         print("| " + " | ".join(cells) + " |")
     print(f"\nchain summed over a step's exact launches (their ends apart, kernels between included): {total_chain:.1f} µs")
     if args.launches:

@@ -94,6 +94,10 @@ struct exact_params {
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
     int           evict_first;  // the staged rows' copies marked evict-first in L2 (exact_stager)
+    // A launch that routes (route_logits), in its expert blocks: 1, x is read before the experts
+    // are selected; 2, also the rows computed in kExactChunks parts as they land
+    // (GGML_FLASHRT_EXACT_X_FIRST; exact_route_after_x).
+    int           x_first;
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
     frt_gemv_trace_record * trace;
@@ -698,6 +702,17 @@ struct exact_stager {
         exact_copy(dst, src, bytes, unit, hint, policy);
     }
 
+    // Every group but the `pending` (0..3) latest has landed for this thread (a barrier after it
+    // for the block).
+    __device__ __forceinline__ void wait_pending(int pending) {
+        switch (pending) {
+            case 0:  asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+            case 1:  asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+            case 2:  asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+            default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+        }
+    }
+
     // Every copy this thread issued has landed (a barrier after it for the block).
     __device__ __forceinline__ void wait_all() { gemv_cp_async_wait_all(); }
 };
@@ -770,11 +785,40 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
     return valid;
 }
 
+// Parts of an expert block's rows under GGML_FLASHRT_EXACT_X_FIRST=2 (at most 4: wait_pending).
+static constexpr int kExactChunks = 4;
+
+// The order of GGML_FLASHRT_EXACT_X_FIRST for the expert blocks of a launch that routes: their rows
+// can only be copied once the experts are selected, after the wait, and x's loads issued behind
+// them would queue behind the rows (an SM serves its requests in order), so x goes first: wait, x
+// into shared memory (`prologue`, which returns where the block's vector is), the selection, then
+// the rows' copies in `chunks` commit groups (`copy_rows(part)`) for the products to start on the
+// first part while the others land. Returns whether the slot has a matrix.
+template <bool TRACE, typename PROLOGUE, typename COPY>
+static __device__ __forceinline__ bool exact_route_after_x(const exact_params & p, const exact_seg & s, int slot,
+                                                           int64_t & off, int chunks, int & at, PROLOGUE prologue,
+                                                           COPY copy_rows) {
+    __shared__ int routed[32];
+    frt_pdl_wait();
+    exact_trace_mark<TRACE>(kMarkWaited);
+    at = prologue();
+    exact_route(p, p.route_logits, blockIdx.x == 0, routed);
+    const bool valid = exact_matrix(s, slot, off, routed);
+    for (int c = 0; c < chunks; ++c) {
+        if (valid) {
+            copy_rows(c);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    exact_prefetch_experts(p, s, routed);
+    return valid;
+}
+
 // The block's rows [row0, row0 + n) of a quantized matrix (slot `slot`). STAGED: the rows are
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
-template <int TYPE, bool STAGED, bool GLU, bool TRACE>
+template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool XF>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
@@ -793,15 +837,42 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
     exact_trace_start<TRACE>();
     exact_stager stager(p.evict_first != 0);
-    const bool    valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, stager, [&]() {
-        stager.copy(stage, s.w + off, bytes, s.stage_unit);
-        if constexpr (glu) {
-            stager.copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
-        }
-    });
-    exact_trace_mark<TRACE>(kMarkIssued);
-    exact_prefetch_later(p);
-    const int at = exact_prologue<TRACE>(p, vec, smem, s.x);
+    // GGML_FLASHRT_EXACT_X_FIRST (exact_route_after_x): chunks parts of chunk_rows rows (a multiple
+    // of the rows side by side), each part's bytes from the first 16 (or 4) bytes at or after its
+    // first row, so that a part holds every row that starts in it whole once the next part landed.
+    // XF: the instance has that path (its own: the default ones would spill with it).
+    const bool x_first    = XF && STAGED && p.x_first != 0 && p.route_logits != nullptr && s.ids != nullptr;
+    const int  chunks     = x_first && p.x_first == 2 ? kExactChunks : 1;
+    const int  chunk_rows = (n + chunks * together - 1) / (chunks * together) * together;
+    const auto part_at    = [&](int c) {
+        const int64_t at = (int64_t) min(n, c * chunk_rows) * s.row_stride;
+        return min(bytes, (at + s.stage_unit - 1) / s.stage_unit * s.stage_unit);
+    };
+    bool valid;
+    int  at;
+    if (XF && x_first) {
+        valid = exact_route_after_x<TRACE>(
+            p, s, slot, off, chunks, at, [&]() { return exact_prologue<TRACE>(p, vec, smem, s.x); },
+            [&](int c) {
+                const int64_t from = chunks == 1 ? 0 : part_at(c), to = chunks == 1 ? bytes : part_at(c + 1);
+                stager.copy(stage + from, s.w + off + from, to - from, s.stage_unit);
+                if constexpr (glu) {
+                    stager.copy(stage + bytes + from, s.w_gate + off + from, to - from, s.stage_unit);
+                }
+            });
+        exact_trace_mark<TRACE>(kMarkIssued);
+        exact_prefetch_later(p);
+    } else {
+        valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, stager, [&]() {
+            stager.copy(stage, s.w + off, bytes, s.stage_unit);
+            if constexpr (glu) {
+                stager.copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
+            }
+        });
+        exact_trace_mark<TRACE>(kMarkIssued);
+        exact_prefetch_later(p);
+        at = exact_prologue<TRACE>(p, vec, smem, s.x);
+    }
     exact_trace_mark<TRACE>(kMarkPrologue);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
@@ -841,21 +912,38 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             }
             return acc;
         };
-        if (STAGED) {
-            stager.wait_all();
-            __syncthreads();
-        }
-        exact_trace_mark<TRACE>(kMarkLanded);
-        if (valid) {
+        // Rows [j0, j1): each thread its rows' sums into part.
+        const auto products = [&](int j0, int j1) {
             if constexpr (!glu) {
 #pragma unroll 4
-                for (int j = sub; j < n; j += together) {
+                for (int j = j0 + sub; j < j1; j += together) {
                     part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * s.row_stride);
                 }
             } else {
-                for (int j = sub; j < n; j += together) {
+                for (int j = j0 + sub; j < j1; j += together) {
                     part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * s.row_stride);
                     part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * s.row_stride);
+                }
+            }
+        };
+        if (!XF || chunks == 1) {
+            if (STAGED) {
+                stager.wait_all();
+                __syncthreads();
+            }
+            exact_trace_mark<TRACE>(kMarkLanded);
+            if (valid) {
+                products(0, n);
+            }
+        } else {  // GGML_FLASHRT_EXACT_X_FIRST=2: part c once it landed (landed: the first part)
+            for (int c = 0; c < chunks; ++c) {
+                stager.wait_pending(chunks - 1 - c);
+                __syncthreads();
+                if (c == 0) {
+                    exact_trace_mark<TRACE>(kMarkLanded);
+                }
+                if (valid) {
+                    products(min(n, c * chunk_rows), min(n, (c + 1) * chunk_rows));
                 }
             }
         }
@@ -969,7 +1057,7 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
 // own instance too: the tail's code made ptxas spill in the plain one).
-template <bool GLU, bool TAIL = false, bool TRACE = false>
+template <bool GLU, bool TAIL = false, bool TRACE = false, bool XF = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -984,16 +1072,16 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, XF>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, false>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, XF>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, false>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, XF>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, false>(p, s, slot, row0, n, vec, smem);
             break;
         default:
             s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, slot, row0, n, vec, smem)
