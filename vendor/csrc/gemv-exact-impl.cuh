@@ -94,10 +94,6 @@ struct exact_params {
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
     int           evict_first;  // the staged rows' copies marked evict-first in L2 (exact_stager)
-    // A launch that routes (route_logits), in its expert blocks: 1, x is read before the experts
-    // are selected; 2, also the rows computed in kExactChunks parts as they land
-    // (GGML_FLASHRT_EXACT_X_FIRST; exact_route_after_x).
-    int           x_first;
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
     frt_gemv_trace_record * trace;
@@ -376,6 +372,21 @@ template <> struct exact_item<FRT_GEMV_Q4_K> {
         const uint4     h          = *(const uint4 *) blk;
         return { q4[0], q4[4], h.x, h.y, h.z, h.w };
     }
+    // Items iqs and iqs + 2 of a block (stock's threads t and t + 1, t even: exact_rows gives a
+    // thread both): the same header, scales and mins, their weight words side by side (r even, so
+    // 8-byte aligned pairs).
+    struct w2_t {
+        int2     v0, v1;
+        uint32_t dm, s0, s1, s2;
+    };
+    static __device__ __forceinline__ w2_t load2(const uint8_t * row, int kbx, int iqs) {
+        const uint8_t * blk        = row + 144 * kbx;
+        const int       bq8_offset = 2 * ((iqs / 2) / 4);
+        const int       r          = (iqs / 2) % 4;
+        const int2 *    q4         = (const int2 *) (blk + 16 + 16 * bq8_offset + 4 * r);
+        const uint4     h          = *(const uint4 *) blk;
+        return { q4[0], q4[2], h.x, h.y, h.z, h.w };
+    }
     static __device__ __forceinline__ x_t load_x(const int8_t * xq, const uint2 * xm, int kbx, int iqs) {
         const int bq8_offset = 2 * ((iqs / 2) / 4);
         const int r          = (iqs / 2) % 4;
@@ -391,20 +402,29 @@ template <> struct exact_item<FRT_GEMV_Q4_K> {
         return x;
     }
     static __device__ __forceinline__ float dot(const w_t & w, const x_t & x, int iqs) {
+        return dot_words(w.v0, w.v1, exact_k4_scales_mins(w.s0, w.s1, w.s2, 2 * ((iqs / 2) / 4)), w.dm, x);
+    }
+    // The two items of a w2_t: one unpacking of the scales and mins, one conversion of d and dmin.
+    static __device__ __forceinline__ float2 dot2(const w2_t & w, const x_t & xa, const x_t & xb, int iqs) {
         const uint32_t sm = exact_k4_scales_mins(w.s0, w.s1, w.s2, 2 * ((iqs / 2) / 4));
-        const int      sc[2] = { (int) (sm & 0xff), (int) ((sm >> 8) & 0xff) };
-        const int      m[2]  = { (int) ((sm >> 16) & 0xff), (int) (sm >> 24) };
+        return make_float2(dot_words(w.v0.x, w.v1.x, sm, w.dm, xa), dot_words(w.v0.y, w.v1.y, sm, w.dm, xb));
+    }
+    // Stock's vec_dot_q4_K_q8_1_impl_vmmq on one item's words; sm: its two scales and mins as
+    // bytes (exact_k4_scales_mins), dmw: the block's d and dmin.
+    static __device__ __forceinline__ float dot_words(int v0, int v1, uint32_t sm, uint32_t dmw, const x_t & x) {
+        const int sc[2] = { (int) (sm & 0xff), (int) __byte_perm(sm, 0, 0x4441) };
+        const int m[2]  = { (int) __byte_perm(sm, 0, 0x4442), (int) (sm >> 24) };
         float sumf_d = 0.0f;
         float sumf_m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const int v0i  = (w.v0 >> (4 * i)) & 0x0F0F0F0F;
-            const int v1i  = (w.v1 >> (4 * i)) & 0x0F0F0F0F;
+            const int v0i  = (v0 >> (4 * i)) & 0x0F0F0F0F;
+            const int v1i  = (v1 >> (4 * i)) & 0x0F0F0F0F;
             const int dot1 = __dp4a(v1i, x.u[i][1], __dp4a(v0i, x.u[i][0], 0));
             sumf_d += x.d8[i] * (dot1 * sc[i]);
             sumf_m += x.d8[i] * (x.dot2[i] * m[i]);
         }
-        const float2 dm = __half22float2(*(const half2 *) &w.dm);
+        const float2 dm = __half22float2(*(const half2 *) &dmw);
         return dm.x * sumf_d - dm.y * sumf_m;
     }
 };
@@ -702,17 +722,6 @@ struct exact_stager {
         exact_copy(dst, src, bytes, unit, hint, policy);
     }
 
-    // Every group but the `pending` (0..3) latest has landed for this thread (a barrier after it
-    // for the block).
-    __device__ __forceinline__ void wait_pending(int pending) {
-        switch (pending) {
-            case 0:  asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-            case 1:  asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-            case 2:  asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-            default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-        }
-    }
-
     // Every copy this thread issued has landed (a barrier after it for the block).
     __device__ __forceinline__ void wait_all() { gemv_cp_async_wait_all(); }
 };
@@ -785,48 +794,22 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
     return valid;
 }
 
-// Parts of an expert block's rows under GGML_FLASHRT_EXACT_X_FIRST=2 (at most 4: wait_pending).
-static constexpr int kExactChunks = 4;
-
-// The order of GGML_FLASHRT_EXACT_X_FIRST for the expert blocks of a launch that routes: their rows
-// can only be copied once the experts are selected, after the wait, and x's loads issued behind
-// them would queue behind the rows (an SM serves its requests in order), so x goes first: wait, x
-// into shared memory (`prologue`, which returns where the block's vector is), the selection, then
-// the rows' copies in `chunks` commit groups (`copy_rows(part)`) for the products to start on the
-// first part while the others land. Returns whether the slot has a matrix.
-template <bool TRACE, typename PROLOGUE, typename COPY>
-static __device__ __forceinline__ bool exact_route_after_x(const exact_params & p, const exact_seg & s, int slot,
-                                                           int64_t & off, int chunks, int & at, PROLOGUE prologue,
-                                                           COPY copy_rows) {
-    __shared__ int routed[32];
-    frt_pdl_wait();
-    exact_trace_mark<TRACE>(kMarkWaited);
-    at = prologue();
-    exact_route(p, p.route_logits, blockIdx.x == 0, routed);
-    const bool valid = exact_matrix(s, slot, off, routed);
-    for (int c = 0; c < chunks; ++c) {
-        if (valid) {
-            copy_rows(c);
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
-    exact_prefetch_experts(p, s, routed);
-    return valid;
-}
-
 // The block's rows [row0, row0 + n) of a quantized matrix (slot `slot`). STAGED: the rows are
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
-template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool XF>
+template <int TYPE, bool STAGED, bool GLU, bool TRACE>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
     const int n_items = p.k / item::qk * item::per_block;
-    const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // threads a row
-    const int together = kExactThreads / per_row;                        // rows side by side
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int sub = tid / per_row, ts = tid % per_row;                   // ts: stock's thread
+    const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // stock's threads a row
+    // Q4_K: each thread plays two of stock's threads, t and t + 1 (t even), whose items share a
+    // block's header and scales: one unpacking for both, and half the loop's overhead a row.
+    constexpr int plays    = TYPE == FRT_GEMV_Q4_K ? 2 : 1;
+    const int     together = kExactThreads * plays / per_row;  // rows side by side
+    const int     tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int     sub = tid / (per_row / plays), ts = plays * (tid % (per_row / plays));  // ts: stock's (first) thread
     const int passes = (n_items + kStockThreads - 1) / kStockThreads;
     uint8_t * stage  = smem + p.smem_stage;
 
@@ -837,42 +820,15 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
     exact_trace_start<TRACE>();
     exact_stager stager(p.evict_first != 0);
-    // GGML_FLASHRT_EXACT_X_FIRST (exact_route_after_x): chunks parts of chunk_rows rows (a multiple
-    // of the rows side by side), each part's bytes from the first 16 (or 4) bytes at or after its
-    // first row, so that a part holds every row that starts in it whole once the next part landed.
-    // XF: the instance has that path (its own: the default ones would spill with it).
-    const bool x_first    = XF && STAGED && p.x_first != 0 && p.route_logits != nullptr && s.ids != nullptr;
-    const int  chunks     = x_first && p.x_first == 2 ? kExactChunks : 1;
-    const int  chunk_rows = (n + chunks * together - 1) / (chunks * together) * together;
-    const auto part_at    = [&](int c) {
-        const int64_t at = (int64_t) min(n, c * chunk_rows) * s.row_stride;
-        return min(bytes, (at + s.stage_unit - 1) / s.stage_unit * s.stage_unit);
-    };
-    bool valid;
-    int  at;
-    if (XF && x_first) {
-        valid = exact_route_after_x<TRACE>(
-            p, s, slot, off, chunks, at, [&]() { return exact_prologue<TRACE>(p, vec, smem, s.x); },
-            [&](int c) {
-                const int64_t from = chunks == 1 ? 0 : part_at(c), to = chunks == 1 ? bytes : part_at(c + 1);
-                stager.copy(stage + from, s.w + off + from, to - from, s.stage_unit);
-                if constexpr (glu) {
-                    stager.copy(stage + bytes + from, s.w_gate + off + from, to - from, s.stage_unit);
-                }
-            });
-        exact_trace_mark<TRACE>(kMarkIssued);
-        exact_prefetch_later(p);
-    } else {
-        valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, stager, [&]() {
-            stager.copy(stage, s.w + off, bytes, s.stage_unit);
-            if constexpr (glu) {
-                stager.copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
-            }
-        });
-        exact_trace_mark<TRACE>(kMarkIssued);
-        exact_prefetch_later(p);
-        at = exact_prologue<TRACE>(p, vec, smem, s.x);
-    }
+    const bool    valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, stager, [&]() {
+        stager.copy(stage, s.w + off, bytes, s.stage_unit);
+        if constexpr (glu) {
+            stager.copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
+        }
+    });
+    exact_trace_mark<TRACE>(kMarkIssued);
+    exact_prefetch_later(p);
+    const int at = exact_prologue<TRACE>(p, vec, smem, s.x);
     exact_trace_mark<TRACE>(kMarkPrologue);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
@@ -882,68 +838,85 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int       gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
 
     {
-        // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
-        // Q6_K/Q8_0); later passes read them again a row.
-        const bool               has0 = valid && ts < n_items, has1 = valid && ts + kStockThreads < n_items;
-        const int                iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
-        typename item::x_t       x0, x1;
+        // x's words for the first two passes, kept for every row (k <= 2048 at Q6_K/Q8_0); later
+        // passes read them again a row. With plays = 2 (Q4_K) the first pass's words of both
+        // threads (x0b: stock's thread ts + 1, whose items are ts's + 1 in the same blocks): two
+        // more passes' would make the instances spill.
+        const bool         has0 = valid && ts < n_items, has1 = valid && ts + kStockThreads < n_items;
+        const int          iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
+        typename item::x_t x0, x1, x0b;
         if (has0) {
             x0 = item::load_x(xq, xm, ts / item::per_block, iqs);
+            if constexpr (plays == 2) {
+                x0b = item::load_x(xq, xm, ts / item::per_block, iqs + 2);
+            }
         }
-        if (has1) {
+        if (plays == 1 && has1) {
             x1 = item::load_x(xq, xm, (ts + kStockThreads) / item::per_block, iqs);
         }
-        // One row's sum as stock's thread ts adds it: items ts, ts + 128, ... in order.
+        // One row's sum as stock's thread ts adds it (items ts, ts + 128, ... in order), and with
+        // plays = 2 thread ts + 1's in .y.
         const auto row_sum = [&](const uint8_t * row) {
-            float acc = 0.0f;
-            if (has0) {
-                acc += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
-            }
-            if (has1) {
-                acc += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
-            }
-            for (int m = 2; m < passes; ++m) {
-                const int it = ts + kStockThreads * m;
-                if (it >= n_items) {
-                    break;
+            float2 acc = make_float2(0.0f, 0.0f);
+            if constexpr (plays == 2) {
+                const auto add = [&](const float2 d) {
+                    acc.x += d.x;
+                    acc.y += d.y;
+                };
+                if (has0) {
+                    add(item::dot2(item::load2(row, ts / item::per_block, iqs), x0, x0b, iqs));
                 }
-                const int kbx = it / item::per_block;
-                acc += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
+                for (int m = 1; m < passes; ++m) {
+                    const int it = ts + kStockThreads * m;
+                    if (it >= n_items) {
+                        break;
+                    }
+                    const int kbx = it / item::per_block;
+                    add(item::dot2(item::load2(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs),
+                                   item::load_x(xq, xm, kbx, iqs + 2), iqs));
+                }
+            } else {
+                if (has0) {
+                    acc.x += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
+                }
+                if (has1) {
+                    acc.x += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
+                }
+                for (int m = 2; m < passes; ++m) {
+                    const int it = ts + kStockThreads * m;
+                    if (it >= n_items) {
+                        break;
+                    }
+                    const int kbx = it / item::per_block;
+                    acc.x += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
+                }
             }
             return acc;
         };
-        // Rows [j0, j1): each thread its rows' sums into part.
-        const auto products = [&](int j0, int j1) {
-            if constexpr (!glu) {
-#pragma unroll 4
-                for (int j = j0 + sub; j < j1; j += together) {
-                    part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * s.row_stride);
-                }
+        // Row j's sums into part[j][stock warp][lane] (plays = 2: stock's lanes ts and ts + 1).
+        const auto put = [&](int j, const float2 v) {
+            float * at = part + (j * 4 + ts / 32) * 32 + ts % 32;
+            if constexpr (plays == 2) {
+                *(float2 *) at = v;
             } else {
-                for (int j = j0 + sub; j < j1; j += together) {
-                    part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * s.row_stride);
-                    part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * s.row_stride);
-                }
+                *at = v.x;
             }
         };
-        if (!XF || chunks == 1) {
-            if (STAGED) {
-                stager.wait_all();
-                __syncthreads();
-            }
-            exact_trace_mark<TRACE>(kMarkLanded);
-            if (valid) {
-                products(0, n);
-            }
-        } else {  // GGML_FLASHRT_EXACT_X_FIRST=2: part c once it landed (landed: the first part)
-            for (int c = 0; c < chunks; ++c) {
-                stager.wait_pending(chunks - 1 - c);
-                __syncthreads();
-                if (c == 0) {
-                    exact_trace_mark<TRACE>(kMarkLanded);
+        if (STAGED) {
+            stager.wait_all();
+            __syncthreads();
+        }
+        exact_trace_mark<TRACE>(kMarkLanded);
+        if (valid) {
+            if constexpr (!glu) {
+#pragma unroll 4
+                for (int j = sub; j < n; j += together) {
+                    put(j, row_sum(rows + (int64_t) j * s.row_stride));
                 }
-                if (valid) {
-                    products(min(n, c * chunk_rows), min(n, (c + 1) * chunk_rows));
+            } else {
+                for (int j = sub; j < n; j += together) {
+                    put(j, row_sum(rows + (int64_t) j * s.row_stride));
+                    put(gpart + j, row_sum(grows + (int64_t) j * s.row_stride));
                 }
             }
         }
@@ -1057,7 +1030,7 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
 // own instance too: the tail's code made ptxas spill in the plain one).
-template <bool GLU, bool TAIL = false, bool TRACE = false, bool XF = false>
+template <bool GLU, bool TAIL = false, bool TRACE = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -1072,16 +1045,16 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, XF>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, false>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, XF>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, false>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, XF>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, false>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         default:
             s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, slot, row0, n, vec, smem)

@@ -51,16 +51,6 @@ static bool exact_evict_first() {
     return evict_first;
 }
 
-// GGML_FLASHRT_EXACT_X_FIRST (experiment, 0 by default): a launch that routes reads x before it
-// selects the experts (1), and computes its expert rows in parts as they land (2).
-static int exact_x_first() {
-    static const int x_first = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_X_FIRST");
-        return env == nullptr ? 0 : std::max(0, std::min(2, std::atoi(env)));
-    }();
-    return x_first;
-}
-
 // frt_gemv_trace's ring (one a process).
 struct exact_trace_ring {
     std::mutex              mutex;
@@ -166,7 +156,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
     p.evict_first         = exact_evict_first() ? 1 : 0;
-    p.x_first             = exact_x_first();
     {
         exact_trace_ring &          r = trace_ring();
         std::lock_guard<std::mutex> lock(r.mutex);
@@ -329,11 +318,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
     if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks)
         return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
-    }
-    // GGML_FLASHRT_EXACT_X_FIRST: the SwiGLU launch that routes (the experts' gate/up) in its own
-    // instance, untraced.
-    if (glu && p.x_first != 0 && p.route_logits != nullptr && p.trace == nullptr) {
-        return exact_launch<frt_gemv_exact_kernel<true, false, false, true>>(device, blocks, smem, stream, p);
     }
     // frt_gemv_trace: the instances that write records (not the tail's).
     const auto launch = p.trace != nullptr ? exact_launch_glu<true> : exact_launch_glu<false>;
