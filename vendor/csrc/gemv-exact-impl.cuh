@@ -372,21 +372,6 @@ template <> struct exact_item<FRT_GEMV_Q4_K> {
         const uint4     h          = *(const uint4 *) blk;
         return { q4[0], q4[4], h.x, h.y, h.z, h.w };
     }
-    // Items iqs and iqs + 2 of a block (stock's threads t and t + 1, t even: exact_rows gives a
-    // thread both): the same header, scales and mins, their weight words side by side (r even, so
-    // 8-byte aligned pairs).
-    struct w2_t {
-        int2     v0, v1;
-        uint32_t dm, s0, s1, s2;
-    };
-    static __device__ __forceinline__ w2_t load2(const uint8_t * row, int kbx, int iqs) {
-        const uint8_t * blk        = row + 144 * kbx;
-        const int       bq8_offset = 2 * ((iqs / 2) / 4);
-        const int       r          = (iqs / 2) % 4;
-        const int2 *    q4         = (const int2 *) (blk + 16 + 16 * bq8_offset + 4 * r);
-        const uint4     h          = *(const uint4 *) blk;
-        return { q4[0], q4[2], h.x, h.y, h.z, h.w };
-    }
     static __device__ __forceinline__ x_t load_x(const int8_t * xq, const uint2 * xm, int kbx, int iqs) {
         const int bq8_offset = 2 * ((iqs / 2) / 4);
         const int r          = (iqs / 2) % 4;
@@ -402,29 +387,20 @@ template <> struct exact_item<FRT_GEMV_Q4_K> {
         return x;
     }
     static __device__ __forceinline__ float dot(const w_t & w, const x_t & x, int iqs) {
-        return dot_words(w.v0, w.v1, exact_k4_scales_mins(w.s0, w.s1, w.s2, 2 * ((iqs / 2) / 4)), w.dm, x);
-    }
-    // The two items of a w2_t: one unpacking of the scales and mins, one conversion of d and dmin.
-    static __device__ __forceinline__ float2 dot2(const w2_t & w, const x_t & xa, const x_t & xb, int iqs) {
         const uint32_t sm = exact_k4_scales_mins(w.s0, w.s1, w.s2, 2 * ((iqs / 2) / 4));
-        return make_float2(dot_words(w.v0.x, w.v1.x, sm, w.dm, xa), dot_words(w.v0.y, w.v1.y, sm, w.dm, xb));
-    }
-    // Stock's vec_dot_q4_K_q8_1_impl_vmmq on one item's words; sm: its two scales and mins as
-    // bytes (exact_k4_scales_mins), dmw: the block's d and dmin.
-    static __device__ __forceinline__ float dot_words(int v0, int v1, uint32_t sm, uint32_t dmw, const x_t & x) {
-        const int sc[2] = { (int) (sm & 0xff), (int) __byte_perm(sm, 0, 0x4441) };
-        const int m[2]  = { (int) __byte_perm(sm, 0, 0x4442), (int) (sm >> 24) };
+        const int      sc[2] = { (int) (sm & 0xff), (int) ((sm >> 8) & 0xff) };
+        const int      m[2]  = { (int) ((sm >> 16) & 0xff), (int) (sm >> 24) };
         float sumf_d = 0.0f;
         float sumf_m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const int v0i  = (v0 >> (4 * i)) & 0x0F0F0F0F;
-            const int v1i  = (v1 >> (4 * i)) & 0x0F0F0F0F;
+            const int v0i  = (w.v0 >> (4 * i)) & 0x0F0F0F0F;
+            const int v1i  = (w.v1 >> (4 * i)) & 0x0F0F0F0F;
             const int dot1 = __dp4a(v1i, x.u[i][1], __dp4a(v0i, x.u[i][0], 0));
             sumf_d += x.d8[i] * (dot1 * sc[i]);
             sumf_m += x.d8[i] * (x.dot2[i] * m[i]);
         }
-        const float2 dm = __half22float2(*(const half2 *) &dmw);
+        const float2 dm = __half22float2(*(const half2 *) &w.dm);
         return dm.x * sumf_d - dm.y * sumf_m;
     }
 };
@@ -803,13 +779,10 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
     const int n_items = p.k / item::qk * item::per_block;
-    const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // stock's threads a row
-    // Q4_K: each thread plays two of stock's threads, t and t + 1 (t even), whose items share a
-    // block's header and scales: one unpacking for both, and half the loop's overhead a row.
-    constexpr int plays    = TYPE == FRT_GEMV_Q4_K ? 2 : 1;
-    const int     together = kExactThreads * plays / per_row;  // rows side by side
-    const int     tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int     sub = tid / (per_row / plays), ts = plays * (tid % (per_row / plays));  // ts: stock's (first) thread
+    const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // threads a row
+    const int together = kExactThreads / per_row;                        // rows side by side
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int sub = tid / per_row, ts = tid % per_row;                   // ts: stock's thread
     const int passes = (n_items + kStockThreads - 1) / kStockThreads;
     uint8_t * stage  = smem + p.smem_stage;
 
@@ -838,69 +811,35 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int       gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
 
     {
-        // x's words for the first two passes, kept for every row (k <= 2048 at Q6_K/Q8_0); later
-        // passes read them again a row. With plays = 2 (Q4_K) the first pass's words of both
-        // threads (x0b: stock's thread ts + 1, whose items are ts's + 1 in the same blocks): two
-        // more passes' would make the instances spill.
-        const bool         has0 = valid && ts < n_items, has1 = valid && ts + kStockThreads < n_items;
-        const int          iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
-        typename item::x_t x0, x1, x0b;
+        // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
+        // Q6_K/Q8_0); later passes read them again a row.
+        const bool               has0 = valid && ts < n_items, has1 = valid && ts + kStockThreads < n_items;
+        const int                iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
+        typename item::x_t       x0, x1;
         if (has0) {
             x0 = item::load_x(xq, xm, ts / item::per_block, iqs);
-            if constexpr (plays == 2) {
-                x0b = item::load_x(xq, xm, ts / item::per_block, iqs + 2);
-            }
         }
-        if (plays == 1 && has1) {
+        if (has1) {
             x1 = item::load_x(xq, xm, (ts + kStockThreads) / item::per_block, iqs);
         }
-        // One row's sum as stock's thread ts adds it (items ts, ts + 128, ... in order), and with
-        // plays = 2 thread ts + 1's in .y.
+        // One row's sum as stock's thread ts adds it: items ts, ts + 128, ... in order.
         const auto row_sum = [&](const uint8_t * row) {
-            float2 acc = make_float2(0.0f, 0.0f);
-            if constexpr (plays == 2) {
-                const auto add = [&](const float2 d) {
-                    acc.x += d.x;
-                    acc.y += d.y;
-                };
-                if (has0) {
-                    add(item::dot2(item::load2(row, ts / item::per_block, iqs), x0, x0b, iqs));
+            float acc = 0.0f;
+            if (has0) {
+                acc += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
+            }
+            if (has1) {
+                acc += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
+            }
+            for (int m = 2; m < passes; ++m) {
+                const int it = ts + kStockThreads * m;
+                if (it >= n_items) {
+                    break;
                 }
-                for (int m = 1; m < passes; ++m) {
-                    const int it = ts + kStockThreads * m;
-                    if (it >= n_items) {
-                        break;
-                    }
-                    const int kbx = it / item::per_block;
-                    add(item::dot2(item::load2(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs),
-                                   item::load_x(xq, xm, kbx, iqs + 2), iqs));
-                }
-            } else {
-                if (has0) {
-                    acc.x += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
-                }
-                if (has1) {
-                    acc.x += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
-                }
-                for (int m = 2; m < passes; ++m) {
-                    const int it = ts + kStockThreads * m;
-                    if (it >= n_items) {
-                        break;
-                    }
-                    const int kbx = it / item::per_block;
-                    acc.x += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
-                }
+                const int kbx = it / item::per_block;
+                acc += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
             }
             return acc;
-        };
-        // Row j's sums into part[j][stock warp][lane] (plays = 2: stock's lanes ts and ts + 1).
-        const auto put = [&](int j, const float2 v) {
-            float * at = part + (j * 4 + ts / 32) * 32 + ts % 32;
-            if constexpr (plays == 2) {
-                *(float2 *) at = v;
-            } else {
-                *at = v.x;
-            }
         };
         if (STAGED) {
             stager.wait_all();
@@ -911,12 +850,12 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             if constexpr (!glu) {
 #pragma unroll 4
                 for (int j = sub; j < n; j += together) {
-                    put(j, row_sum(rows + (int64_t) j * s.row_stride));
+                    part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * s.row_stride);
                 }
             } else {
                 for (int j = sub; j < n; j += together) {
-                    put(j, row_sum(rows + (int64_t) j * s.row_stride));
-                    put(gpart + j, row_sum(grows + (int64_t) j * s.row_stride));
+                    part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * s.row_stride);
+                    part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * s.row_stride);
                 }
             }
         }
