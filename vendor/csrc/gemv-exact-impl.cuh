@@ -94,6 +94,7 @@ struct exact_params {
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
     int           evict_first;  // the staged rows' copies marked evict-first in L2 (exact_stager)
+    int           batch;  // GGML_FLASHRT_EXACT_BATCH (the BATCH instances are launched when set)
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
     frt_gemv_trace_record * trace;
@@ -774,7 +775,7 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
-template <int TYPE, bool STAGED, bool GLU, bool TRACE>
+template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool BATCH>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
@@ -871,15 +872,58 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         }
         return exact_warp_sum(v);
     };
-    for (int j = warp; j < n; j += kExactThreads / 32) {
-        const float nan = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly
-        const float v    = valid ? reduce(j) : nan;
-        float       gate = 0.0f;
-        if constexpr (glu) {
-            gate = valid ? reduce(gpart + j) : nan;
+    if constexpr (BATCH) {
+        // GGML_FLASHRT_EXACT_BATCH: a warp's rows j, j + 16, j + 32, j + 48 at once: their
+        // residuals read first, then four butterflies side by side, then the stores. Row by row,
+        // each row's residual read (a round trip) and shared loads wait for the previous row's
+        // store, which may alias them (ssm_out adds its residual in place).
+        constexpr int kWarps = kExactThreads / 32, kBatch = 4;
+        const float   nan    = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly
+        for (int j0 = warp; j0 < n; j0 += kBatch * kWarps) {
+            float v[kBatch], gate[kBatch], res[kBatch];
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b) {
+                const int j = j0 + b * kWarps;
+                res[b]      = s.epilogue == FRT_GEMV_ADD && lane == 0 && j < n ?
+                                  s.residual[(int64_t) slot * s.residual_stride + row0 + j] :
+                                  0.0f;
+            }
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b) {
+                const int j = j0 + b * kWarps;
+                v[b]        = j < n ? (valid ? reduce(j) : nan) : 0.0f;
+                gate[b]     = 0.0f;
+                if constexpr (glu) {
+                    gate[b] = j < n ? (valid ? reduce(gpart + j) : nan) : 0.0f;
+                }
+            }
+            if (lane == 0) {
+#pragma unroll
+                for (int b = 0; b < kBatch; ++b) {
+                    const int j = j0 + b * kWarps;
+                    if (j < n) {  // exact_store's epilogues, the residual read above
+                        float o = v[b];
+                        if (s.epilogue == FRT_GEMV_ADD) {
+                            o += res[b];
+                        } else if (s.epilogue == FRT_GEMV_SWIGLU) {
+                            o *= gate[b] / (1.0f + expf(-gate[b]));
+                        }
+                        s.out[(int64_t) slot * s.out_stride + row0 + j] = o;
+                    }
+                }
+            }
         }
-        if (lane == 0) {
-            exact_store(s, slot, row0 + j, v, gate);
+    } else {
+        for (int j = warp; j < n; j += kExactThreads / 32) {
+            const float nan = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly
+            const float v    = valid ? reduce(j) : nan;
+            float       gate = 0.0f;
+            if constexpr (glu) {
+                gate = valid ? reduce(gpart + j) : nan;
+            }
+            if (lane == 0) {
+                exact_store(s, slot, row0 + j, v, gate);
+            }
         }
     }
     exact_trace_end<TRACE>(p, s, glu);
@@ -969,7 +1013,7 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
 // own instance too: the tail's code made ptxas spill in the plain one).
-template <bool GLU, bool TAIL = false, bool TRACE = false>
+template <bool GLU, bool TAIL = false, bool TRACE = false, bool BATCH = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -984,16 +1028,16 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem);
             break;
         default:
             s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, slot, row0, n, vec, smem)

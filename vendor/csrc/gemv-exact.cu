@@ -51,6 +51,16 @@ static bool exact_evict_first() {
     return evict_first;
 }
 
+// GGML_FLASHRT_EXACT_BATCH=1 (experiment, off by default): the plain and SwiGLU launches on their
+// BATCH instances (each warp's rows reduced and stored four at a time).
+static bool exact_batch() {
+    static const bool batch = [] {
+        const char * env = std::getenv("GGML_FLASHRT_EXACT_BATCH");
+        return env != nullptr && std::atoi(env) != 0;
+    }();
+    return batch;
+}
+
 // frt_gemv_trace's ring (one a process).
 struct exact_trace_ring {
     std::mutex              mutex;
@@ -156,6 +166,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
     p.evict_first         = exact_evict_first() ? 1 : 0;
+    p.batch               = exact_batch() ? 1 : 0;
     {
         exact_trace_ring &          r = trace_ring();
         std::lock_guard<std::mutex> lock(r.mutex);
@@ -318,6 +329,10 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
     if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks)
         return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
+    }
+    if (p.batch != 0 && p.trace == nullptr) {
+        return glu ? exact_launch<frt_gemv_exact_kernel<true, false, false, true>>(device, blocks, smem, stream, p)
+                   : exact_launch<frt_gemv_exact_kernel<false, false, false, true>>(device, blocks, smem, stream, p);
     }
     // frt_gemv_trace: the instances that write records (not the tail's).
     const auto launch = p.trace != nullptr ? exact_launch_glu<true> : exact_launch_glu<false>;
