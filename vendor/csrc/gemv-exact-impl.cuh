@@ -94,7 +94,7 @@ struct exact_params {
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
     int           evict_first;  // the staged rows' copies marked evict-first in L2 (exact_stager)
-    int           batch;  // GGML_FLASHRT_EXACT_BATCH (the BATCH instances are launched when set)
+    int           batch;  // GGML_FLASHRT_EXACT_BATCH: 1 or 2 on the BATCH instances (2: Q4_K pairs too)
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
     frt_gemv_trace_record * trace;
@@ -373,6 +373,21 @@ template <> struct exact_item<FRT_GEMV_Q4_K> {
         const uint4     h          = *(const uint4 *) blk;
         return { q4[0], q4[4], h.x, h.y, h.z, h.w };
     }
+    // Items iqs and iqs + 2 of a block (stock's threads t and t + 1, t even, which one thread
+    // plays in exact_rows' pairs): the same header, scales and mins, their weight words side by
+    // side (r even: 8-byte aligned pairs).
+    struct w2_t {
+        int2     v0, v1;
+        uint32_t dm, s0, s1, s2;
+    };
+    static __device__ __forceinline__ w2_t load2(const uint8_t * row, int kbx, int iqs) {
+        const uint8_t * blk        = row + 144 * kbx;
+        const int       bq8_offset = 2 * ((iqs / 2) / 4);
+        const int       r          = (iqs / 2) % 4;
+        const int2 *    q4         = (const int2 *) (blk + 16 + 16 * bq8_offset + 4 * r);
+        const uint4     h          = *(const uint4 *) blk;
+        return { q4[0], q4[2], h.x, h.y, h.z, h.w };
+    }
     static __device__ __forceinline__ x_t load_x(const int8_t * xq, const uint2 * xm, int kbx, int iqs) {
         const int bq8_offset = 2 * ((iqs / 2) / 4);
         const int r          = (iqs / 2) % 4;
@@ -388,20 +403,29 @@ template <> struct exact_item<FRT_GEMV_Q4_K> {
         return x;
     }
     static __device__ __forceinline__ float dot(const w_t & w, const x_t & x, int iqs) {
+        return dot_words(w.v0, w.v1, exact_k4_scales_mins(w.s0, w.s1, w.s2, 2 * ((iqs / 2) / 4)), w.dm, x);
+    }
+    // The two items of a w2_t: one unpacking of the scales and mins, one conversion of d and dmin.
+    static __device__ __forceinline__ float2 dot2(const w2_t & w, const x_t & xa, const x_t & xb, int iqs) {
         const uint32_t sm = exact_k4_scales_mins(w.s0, w.s1, w.s2, 2 * ((iqs / 2) / 4));
-        const int      sc[2] = { (int) (sm & 0xff), (int) ((sm >> 8) & 0xff) };
-        const int      m[2]  = { (int) ((sm >> 16) & 0xff), (int) (sm >> 24) };
+        return make_float2(dot_words(w.v0.x, w.v1.x, sm, w.dm, xa), dot_words(w.v0.y, w.v1.y, sm, w.dm, xb));
+    }
+    // Stock's vec_dot_q4_K_q8_1_impl_vmmq on one item's words; sm: its two scales and mins as
+    // bytes (exact_k4_scales_mins), dmw: the block's d and dmin.
+    static __device__ __forceinline__ float dot_words(int v0, int v1, uint32_t sm, uint32_t dmw, const x_t & x) {
+        const int sc[2] = { (int) (sm & 0xff), (int) ((sm >> 8) & 0xff) };
+        const int m[2]  = { (int) ((sm >> 16) & 0xff), (int) (sm >> 24) };
         float sumf_d = 0.0f;
         float sumf_m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const int v0i  = (w.v0 >> (4 * i)) & 0x0F0F0F0F;
-            const int v1i  = (w.v1 >> (4 * i)) & 0x0F0F0F0F;
+            const int v0i  = (v0 >> (4 * i)) & 0x0F0F0F0F;
+            const int v1i  = (v1 >> (4 * i)) & 0x0F0F0F0F;
             const int dot1 = __dp4a(v1i, x.u[i][1], __dp4a(v0i, x.u[i][0], 0));
             sumf_d += x.d8[i] * (dot1 * sc[i]);
             sumf_m += x.d8[i] * (x.dot2[i] * m[i]);
         }
-        const float2 dm = __half22float2(*(const half2 *) &w.dm);
+        const float2 dm = __half22float2(*(const half2 *) &dmw);
         return dm.x * sumf_d - dm.y * sumf_m;
     }
 };
@@ -811,7 +835,53 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const uint8_t * grows = STAGED ? stage + bytes : glu ? s.w_gate + off : nullptr;
     const int       gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
 
-    {
+    // GGML_FLASHRT_EXACT_BATCH=2, Q4_K rows of one pass (k <= 2048) and at least 32 rows' work
+    // in the block: each thread plays two of stock's threads, t and t + 1 (t even), whose items
+    // share a block's header and scales (exact_item::dot2: ~45 instructions an item where one
+    // item a thread takes ~65). Where a block has fewer rows a thread, or a second pass, the
+    // pairs measured slower (bench/results/2026-12-02-6566fe2-h200-q4k-pairs), so those keep
+    // stock's mapping.
+    bool pairs = false;
+    if constexpr (BATCH && TYPE == FRT_GEMV_Q4_K) {
+        pairs = p.batch == 2 && passes == 1 && (glu ? 2 * n : n) >= 32;
+    }
+    if constexpr (BATCH && TYPE == FRT_GEMV_Q4_K) {
+        if (pairs) {
+            const int          threads_row = per_row / 2, side = kExactThreads / threads_row;
+            const int          sub2 = tid / threads_row, ts2 = 2 * (tid % threads_row);
+            const bool         has  = valid && ts2 < n_items;  // n_items is a multiple of 16: ts2 + 1 too
+            const int          iqs2 = item::iqs(ts2);
+            typename item::x_t xa, xb;
+            if (has) {
+                xa = item::load_x(xq, xm, ts2 / item::per_block, iqs2);
+                xb = item::load_x(xq, xm, ts2 / item::per_block, iqs2 + 2);
+            }
+            // Row `row`'s sums of stock's threads ts2 and ts2 + 1 into their lanes of part row j.
+            const auto put = [&](int j, const uint8_t * row) {
+                float2 acc = make_float2(0.0f, 0.0f);
+                if (has) {
+                    const float2 d = item::dot2(item::load2(row, ts2 / item::per_block, iqs2), xa, xb, iqs2);
+                    acc.x += d.x;
+                    acc.y += d.y;
+                }
+                *(float2 *) (part + (j * 4 + ts2 / 32) * 32 + ts2 % 32) = acc;
+            };
+            if (STAGED) {
+                stager.wait_all();
+                __syncthreads();
+            }
+            exact_trace_mark<TRACE>(kMarkLanded);
+            if (valid) {
+                for (int j = sub2; j < n; j += side) {
+                    put(j, rows + (int64_t) j * s.row_stride);
+                    if constexpr (glu) {
+                        put(gpart + j, grows + (int64_t) j * s.row_stride);
+                    }
+                }
+            }
+        }
+    }
+    if (!pairs) {
         // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
         // Q6_K/Q8_0); later passes read them again a row.
         const bool               has0 = valid && ts < n_items, has1 = valid && ts + kStockThreads < n_items;

@@ -51,12 +51,13 @@ static bool exact_evict_first() {
     return evict_first;
 }
 
-// GGML_FLASHRT_EXACT_BATCH=1 (experiment, off by default): the plain and SwiGLU launches on their
-// BATCH instances (each warp's rows reduced and stored four at a time).
-static bool exact_batch() {
-    static const bool batch = [] {
+// GGML_FLASHRT_EXACT_BATCH=1|2 (experiment, 0 by default): the plain and SwiGLU launches on their
+// BATCH instances: each warp's rows reduced and stored four at a time; 2, also Q4_K's pairs
+// (exact_rows).
+static int exact_batch() {
+    static const int batch = [] {
         const char * env = std::getenv("GGML_FLASHRT_EXACT_BATCH");
-        return env != nullptr && std::atoi(env) != 0;
+        return env == nullptr ? 0 : std::max(0, std::min(2, std::atoi(env)));
     }();
     return batch;
 }
@@ -166,7 +167,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
     p.evict_first         = exact_evict_first() ? 1 : 0;
-    p.batch               = exact_batch() ? 1 : 0;
+    p.batch               = exact_batch();
     {
         exact_trace_ring &          r = trace_ring();
         std::lock_guard<std::mutex> lock(r.mutex);
