@@ -671,13 +671,25 @@ static __device__ __forceinline__ void exact_prefetch_experts(const exact_params
 
 // Writes a row's value (plus its residual with FRT_GEMV_ADD; times silu of its gate row's value
 // with FRT_GEMV_SWIGLU, as mmvq's fused GLU epilogue multiplies).
-static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot, int row, float v, float gate = 0.0f) {
+// A row's output from its sum v (and its gate row's sum): the segment's epilogue; residual() gives
+// the row's residual, called only by FRT_GEMV_ADD.
+template <typename RESIDUAL>
+static __device__ __forceinline__ float exact_epilogue(const exact_seg & s, float v, float gate, RESIDUAL residual) {
     if (s.epilogue == FRT_GEMV_ADD) {
-        v += s.residual[(int64_t) slot * s.residual_stride + row];
+        v += residual();
     } else if (s.epilogue == FRT_GEMV_SWIGLU) {
         v *= gate / (1.0f + expf(-gate));
     }
-    s.out[(int64_t) slot * s.out_stride + row] = v;
+    return v;
+}
+
+static __device__ __forceinline__ float exact_residual(const exact_seg & s, int slot, int row) {
+    return s.residual[(int64_t) slot * s.residual_stride + row];
+}
+
+static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot, int row, float v, float gate = 0.0f) {
+    s.out[(int64_t) slot * s.out_stride + row] =
+        exact_epilogue(s, v, gate, [&]() { return exact_residual(s, slot, row); });
 }
 
 // Copies `bytes` from global src into shared dst with cp.async, `unit` (16 or 4) bytes a copy,
@@ -841,10 +853,15 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     // item a thread takes ~65). Where a block has fewer rows a thread, or a second pass, the
     // pairs measured slower (bench/results/2026-12-02-6566fe2-h200-q4k-pairs), so those keep
     // stock's mapping.
-    bool pairs = false;
-    if constexpr (BATCH && TYPE == FRT_GEMV_Q4_K) {
-        pairs = p.batch == 2 && passes == 1 && (glu ? 2 * n : n) >= 32;
-    }
+    const bool pairs = BATCH && TYPE == FRT_GEMV_Q4_K && p.batch == 2 && passes == 1 && (glu ? 2 * n : n) >= 32;
+    // Every thread's copies landed, then the block's barrier (the trace's "landed").
+    const auto land = [&]() {
+        if (STAGED) {
+            stager.wait_all();
+            __syncthreads();
+        }
+        exact_trace_mark<TRACE>(kMarkLanded);
+    };
     if constexpr (BATCH && TYPE == FRT_GEMV_Q4_K) {
         if (pairs) {
             const int          threads_row = per_row / 2, side = kExactThreads / threads_row;
@@ -866,11 +883,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
                 }
                 *(float2 *) (part + (j * 4 + ts2 / 32) * 32 + ts2 % 32) = acc;
             };
-            if (STAGED) {
-                stager.wait_all();
-                __syncthreads();
-            }
-            exact_trace_mark<TRACE>(kMarkLanded);
+            land();
             if (valid) {
                 for (int j = sub2; j < n; j += side) {
                     put(j, rows + (int64_t) j * s.row_stride);
@@ -912,11 +925,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             }
             return acc;
         };
-        if (STAGED) {
-            stager.wait_all();
-            __syncthreads();
-        }
-        exact_trace_mark<TRACE>(kMarkLanded);
+        land();
         if (valid) {
             if constexpr (!glu) {
 #pragma unroll 4
@@ -954,9 +963,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
 #pragma unroll
             for (int b = 0; b < kBatch; ++b) {
                 const int j = j0 + b * kWarps;
-                res[b]      = s.epilogue == FRT_GEMV_ADD && lane == 0 && j < n ?
-                                  s.residual[(int64_t) slot * s.residual_stride + row0 + j] :
-                                  0.0f;
+                res[b]      = s.epilogue == FRT_GEMV_ADD && lane == 0 && j < n ? exact_residual(s, slot, row0 + j) : 0.0f;
             }
 #pragma unroll
             for (int b = 0; b < kBatch; ++b) {
@@ -971,14 +978,8 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
 #pragma unroll
                 for (int b = 0; b < kBatch; ++b) {
                     const int j = j0 + b * kWarps;
-                    if (j < n) {  // exact_store's epilogues, the residual read above
-                        float o = v[b];
-                        if (s.epilogue == FRT_GEMV_ADD) {
-                            o += res[b];
-                        } else if (s.epilogue == FRT_GEMV_SWIGLU) {
-                            o *= gate[b] / (1.0f + expf(-gate[b]));
-                        }
-                        s.out[(int64_t) slot * s.out_stride + row0 + j] = o;
+                    if (j < n) {
+                        s.out[(int64_t) slot * s.out_stride + row0 + j] = exact_epilogue(s, v[b], gate[b], [&]() { return res[b]; });
                     }
                 }
             }

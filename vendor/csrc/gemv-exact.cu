@@ -138,12 +138,12 @@ cudaError_t frt_gemv_trace_records(frt_gemv_trace_record * out, int max, int * n
     return err;
 }
 
-// The plain or the SwiGLU instance (no tail), with the trace's records or without.
-template <bool TRACE>
+// The plain or the SwiGLU instance (no tail), with the trace's records or without, or BATCH's.
+template <bool TRACE, bool BATCH = false>
 static cudaError_t exact_launch_glu(bool glu, int device, int blocks, int smem, cudaStream_t stream,
                                     const exact_params & p) {
-    return glu ? exact_launch<frt_gemv_exact_kernel<true, false, TRACE>>(device, blocks, smem, stream, p)
-               : exact_launch<frt_gemv_exact_kernel<false, false, TRACE>>(device, blocks, smem, stream, p);
+    return glu ? exact_launch<frt_gemv_exact_kernel<true, false, TRACE, BATCH>>(device, blocks, smem, stream, p)
+               : exact_launch<frt_gemv_exact_kernel<false, false, TRACE, BATCH>>(device, blocks, smem, stream, p);
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
@@ -331,11 +331,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks)
         return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
     }
-    if (p.batch != 0 && p.trace == nullptr) {
-        return glu ? exact_launch<frt_gemv_exact_kernel<true, false, false, true>>(device, blocks, smem, stream, p)
-                   : exact_launch<frt_gemv_exact_kernel<false, false, false, true>>(device, blocks, smem, stream, p);
-    }
-    // frt_gemv_trace: the instances that write records (not the tail's).
-    const auto launch = p.trace != nullptr ? exact_launch_glu<true> : exact_launch_glu<false>;
+    // frt_gemv_trace: the instances that write records (not the tail's, nor BATCH's).
+    const auto launch = p.trace != nullptr ? exact_launch_glu<true>
+                        : p.batch != 0     ? exact_launch_glu<false, true>
+                                           : exact_launch_glu<false>;
     return launch(glu, device, blocks, smem, stream, p);
 }
