@@ -94,7 +94,6 @@ struct exact_params {
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
     int           evict_first;  // the staged rows' copies marked evict-first in L2 (exact_stager)
-    int           batch;  // GGML_FLASHRT_EXACT_BATCH: 1 or 2 on the BATCH instances (2: Q4_K pairs too)
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
     frt_gemv_trace_record * trace;
@@ -373,21 +372,6 @@ template <> struct exact_item<FRT_GEMV_Q4_K> {
         const uint4     h          = *(const uint4 *) blk;
         return { q4[0], q4[4], h.x, h.y, h.z, h.w };
     }
-    // Items iqs and iqs + 2 of a block (stock's threads t and t + 1, t even, which one thread
-    // plays in exact_rows' pairs): the same header, scales and mins, their weight words side by
-    // side (r even: 8-byte aligned pairs).
-    struct w2_t {
-        int2     v0, v1;
-        uint32_t dm, s0, s1, s2;
-    };
-    static __device__ __forceinline__ w2_t load2(const uint8_t * row, int kbx, int iqs) {
-        const uint8_t * blk        = row + 144 * kbx;
-        const int       bq8_offset = 2 * ((iqs / 2) / 4);
-        const int       r          = (iqs / 2) % 4;
-        const int2 *    q4         = (const int2 *) (blk + 16 + 16 * bq8_offset + 4 * r);
-        const uint4     h          = *(const uint4 *) blk;
-        return { q4[0], q4[2], h.x, h.y, h.z, h.w };
-    }
     static __device__ __forceinline__ x_t load_x(const int8_t * xq, const uint2 * xm, int kbx, int iqs) {
         const int bq8_offset = 2 * ((iqs / 2) / 4);
         const int r          = (iqs / 2) % 4;
@@ -403,29 +387,20 @@ template <> struct exact_item<FRT_GEMV_Q4_K> {
         return x;
     }
     static __device__ __forceinline__ float dot(const w_t & w, const x_t & x, int iqs) {
-        return dot_words(w.v0, w.v1, exact_k4_scales_mins(w.s0, w.s1, w.s2, 2 * ((iqs / 2) / 4)), w.dm, x);
-    }
-    // The two items of a w2_t: one unpacking of the scales and mins, one conversion of d and dmin.
-    static __device__ __forceinline__ float2 dot2(const w2_t & w, const x_t & xa, const x_t & xb, int iqs) {
         const uint32_t sm = exact_k4_scales_mins(w.s0, w.s1, w.s2, 2 * ((iqs / 2) / 4));
-        return make_float2(dot_words(w.v0.x, w.v1.x, sm, w.dm, xa), dot_words(w.v0.y, w.v1.y, sm, w.dm, xb));
-    }
-    // Stock's vec_dot_q4_K_q8_1_impl_vmmq on one item's words; sm: its two scales and mins as
-    // bytes (exact_k4_scales_mins), dmw: the block's d and dmin.
-    static __device__ __forceinline__ float dot_words(int v0, int v1, uint32_t sm, uint32_t dmw, const x_t & x) {
-        const int sc[2] = { (int) (sm & 0xff), (int) ((sm >> 8) & 0xff) };
-        const int m[2]  = { (int) ((sm >> 16) & 0xff), (int) (sm >> 24) };
+        const int      sc[2] = { (int) (sm & 0xff), (int) ((sm >> 8) & 0xff) };
+        const int      m[2]  = { (int) ((sm >> 16) & 0xff), (int) (sm >> 24) };
         float sumf_d = 0.0f;
         float sumf_m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            const int v0i  = (v0 >> (4 * i)) & 0x0F0F0F0F;
-            const int v1i  = (v1 >> (4 * i)) & 0x0F0F0F0F;
+            const int v0i  = (w.v0 >> (4 * i)) & 0x0F0F0F0F;
+            const int v1i  = (w.v1 >> (4 * i)) & 0x0F0F0F0F;
             const int dot1 = __dp4a(v1i, x.u[i][1], __dp4a(v0i, x.u[i][0], 0));
             sumf_d += x.d8[i] * (dot1 * sc[i]);
             sumf_m += x.d8[i] * (x.dot2[i] * m[i]);
         }
-        const float2 dm = __half22float2(*(const half2 *) &dmw);
+        const float2 dm = __half22float2(*(const half2 *) &w.dm);
         return dm.x * sumf_d - dm.y * sumf_m;
     }
 };
@@ -671,25 +646,13 @@ static __device__ __forceinline__ void exact_prefetch_experts(const exact_params
 
 // Writes a row's value (plus its residual with FRT_GEMV_ADD; times silu of its gate row's value
 // with FRT_GEMV_SWIGLU, as mmvq's fused GLU epilogue multiplies).
-// A row's output from its sum v (and its gate row's sum): the segment's epilogue; residual() gives
-// the row's residual, called only by FRT_GEMV_ADD.
-template <typename RESIDUAL>
-static __device__ __forceinline__ float exact_epilogue(const exact_seg & s, float v, float gate, RESIDUAL residual) {
+static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot, int row, float v, float gate = 0.0f) {
     if (s.epilogue == FRT_GEMV_ADD) {
-        v += residual();
+        v += s.residual[(int64_t) slot * s.residual_stride + row];
     } else if (s.epilogue == FRT_GEMV_SWIGLU) {
         v *= gate / (1.0f + expf(-gate));
     }
-    return v;
-}
-
-static __device__ __forceinline__ float exact_residual(const exact_seg & s, int slot, int row) {
-    return s.residual[(int64_t) slot * s.residual_stride + row];
-}
-
-static __device__ __forceinline__ void exact_store(const exact_seg & s, int slot, int row, float v, float gate = 0.0f) {
-    s.out[(int64_t) slot * s.out_stride + row] =
-        exact_epilogue(s, v, gate, [&]() { return exact_residual(s, slot, row); });
+    s.out[(int64_t) slot * s.out_stride + row] = v;
 }
 
 // Copies `bytes` from global src into shared dst with cp.async, `unit` (16 or 4) bytes a copy,
@@ -811,7 +774,7 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
-template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool BATCH>
+template <int TYPE, bool STAGED, bool GLU, bool TRACE>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
@@ -847,54 +810,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const uint8_t * grows = STAGED ? stage + bytes : glu ? s.w_gate + off : nullptr;
     const int       gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
 
-    // GGML_FLASHRT_EXACT_BATCH=2, Q4_K rows of one pass (k <= 2048) and at least 32 rows' work
-    // in the block: each thread plays two of stock's threads, t and t + 1 (t even), whose items
-    // share a block's header and scales (exact_item::dot2: ~45 instructions an item where one
-    // item a thread takes ~65). Where a block has fewer rows a thread, or a second pass, the
-    // pairs measured slower (bench/results/2026-12-02-6566fe2-h200-q4k-pairs), so those keep
-    // stock's mapping.
-    const bool pairs = BATCH && TYPE == FRT_GEMV_Q4_K && p.batch == 2 && passes == 1 && (glu ? 2 * n : n) >= 32;
-    // Every thread's copies landed, then the block's barrier (the trace's "landed").
-    const auto land = [&]() {
-        if (STAGED) {
-            stager.wait_all();
-            __syncthreads();
-        }
-        exact_trace_mark<TRACE>(kMarkLanded);
-    };
-    if constexpr (BATCH && TYPE == FRT_GEMV_Q4_K) {
-        if (pairs) {
-            const int          threads_row = per_row / 2, side = kExactThreads / threads_row;
-            const int          sub2 = tid / threads_row, ts2 = 2 * (tid % threads_row);
-            const bool         has  = valid && ts2 < n_items;  // n_items is a multiple of 16: ts2 + 1 too
-            const int          iqs2 = item::iqs(ts2);
-            typename item::x_t xa, xb;
-            if (has) {
-                xa = item::load_x(xq, xm, ts2 / item::per_block, iqs2);
-                xb = item::load_x(xq, xm, ts2 / item::per_block, iqs2 + 2);
-            }
-            // Row `row`'s sums of stock's threads ts2 and ts2 + 1 into their lanes of part row j.
-            const auto put = [&](int j, const uint8_t * row) {
-                float2 acc = make_float2(0.0f, 0.0f);
-                if (has) {
-                    const float2 d = item::dot2(item::load2(row, ts2 / item::per_block, iqs2), xa, xb, iqs2);
-                    acc.x += d.x;
-                    acc.y += d.y;
-                }
-                *(float2 *) (part + (j * 4 + ts2 / 32) * 32 + ts2 % 32) = acc;
-            };
-            land();
-            if (valid) {
-                for (int j = sub2; j < n; j += side) {
-                    put(j, rows + (int64_t) j * s.row_stride);
-                    if constexpr (glu) {
-                        put(gpart + j, grows + (int64_t) j * s.row_stride);
-                    }
-                }
-            }
-        }
-    }
-    if (!pairs) {
+    {
         // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
         // Q6_K/Q8_0); later passes read them again a row.
         const bool               has0 = valid && ts < n_items, has1 = valid && ts + kStockThreads < n_items;
@@ -925,7 +841,11 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
             }
             return acc;
         };
-        land();
+        if (STAGED) {
+            stager.wait_all();
+            __syncthreads();
+        }
+        exact_trace_mark<TRACE>(kMarkLanded);
         if (valid) {
             if constexpr (!glu) {
 #pragma unroll 4
@@ -951,50 +871,15 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         }
         return exact_warp_sum(v);
     };
-    if constexpr (BATCH) {
-        // GGML_FLASHRT_EXACT_BATCH: a warp's rows j, j + 16, j + 32, j + 48 at once: their
-        // residuals read first, then four butterflies side by side, then the stores. Row by row,
-        // each row's residual read (a round trip) and shared loads wait for the previous row's
-        // store, which may alias them (ssm_out adds its residual in place).
-        constexpr int kWarps = kExactThreads / 32, kBatch = 4;
-        const float   nan    = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly
-        for (int j0 = warp; j0 < n; j0 += kBatch * kWarps) {
-            float v[kBatch], gate[kBatch], res[kBatch];
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-                const int j = j0 + b * kWarps;
-                res[b]      = s.epilogue == FRT_GEMV_ADD && lane == 0 && j < n ? exact_residual(s, slot, row0 + j) : 0.0f;
-            }
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-                const int j = j0 + b * kWarps;
-                v[b]        = j < n ? (valid ? reduce(j) : nan) : 0.0f;
-                gate[b]     = 0.0f;
-                if constexpr (glu) {
-                    gate[b] = j < n ? (valid ? reduce(gpart + j) : nan) : 0.0f;
-                }
-            }
-            if (lane == 0) {
-#pragma unroll
-                for (int b = 0; b < kBatch; ++b) {
-                    const int j = j0 + b * kWarps;
-                    if (j < n) {
-                        s.out[(int64_t) slot * s.out_stride + row0 + j] = exact_epilogue(s, v[b], gate[b], [&]() { return res[b]; });
-                    }
-                }
-            }
+    for (int j = warp; j < n; j += kExactThreads / 32) {
+        const float nan = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly
+        const float v    = valid ? reduce(j) : nan;
+        float       gate = 0.0f;
+        if constexpr (glu) {
+            gate = valid ? reduce(gpart + j) : nan;
         }
-    } else {
-        for (int j = warp; j < n; j += kExactThreads / 32) {
-            const float nan = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly
-            const float v    = valid ? reduce(j) : nan;
-            float       gate = 0.0f;
-            if constexpr (glu) {
-                gate = valid ? reduce(gpart + j) : nan;
-            }
-            if (lane == 0) {
-                exact_store(s, slot, row0 + j, v, gate);
-            }
+        if (lane == 0) {
+            exact_store(s, slot, row0 + j, v, gate);
         }
     }
     exact_trace_end<TRACE>(p, s, glu);
@@ -1084,7 +969,7 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
 // own instance too: the tail's code made ptxas spill in the plain one).
-template <bool GLU, bool TAIL = false, bool TRACE = false, bool BATCH = false>
+template <bool GLU, bool TAIL = false, bool TRACE = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -1099,16 +984,16 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, BATCH>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         default:
             s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, slot, row0, n, vec, smem)

@@ -51,17 +51,6 @@ static bool exact_evict_first() {
     return evict_first;
 }
 
-// GGML_FLASHRT_EXACT_BATCH=1|2 (experiment, 0 by default): the plain and SwiGLU launches on their
-// BATCH instances: each warp's rows reduced and stored four at a time; 2, also Q4_K's pairs
-// (exact_rows).
-static int exact_batch() {
-    static const int batch = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_BATCH");
-        return env == nullptr ? 0 : std::max(0, std::min(2, std::atoi(env)));
-    }();
-    return batch;
-}
-
 // frt_gemv_trace's ring (one a process).
 struct exact_trace_ring {
     std::mutex              mutex;
@@ -138,12 +127,12 @@ cudaError_t frt_gemv_trace_records(frt_gemv_trace_record * out, int max, int * n
     return err;
 }
 
-// The plain or the SwiGLU instance (no tail), with the trace's records or without, or BATCH's.
-template <bool TRACE, bool BATCH = false>
+// The plain or the SwiGLU instance (no tail), with the trace's records or without.
+template <bool TRACE>
 static cudaError_t exact_launch_glu(bool glu, int device, int blocks, int smem, cudaStream_t stream,
                                     const exact_params & p) {
-    return glu ? exact_launch<frt_gemv_exact_kernel<true, false, TRACE, BATCH>>(device, blocks, smem, stream, p)
-               : exact_launch<frt_gemv_exact_kernel<false, false, TRACE, BATCH>>(device, blocks, smem, stream, p);
+    return glu ? exact_launch<frt_gemv_exact_kernel<true, false, TRACE>>(device, blocks, smem, stream, p)
+               : exact_launch<frt_gemv_exact_kernel<false, false, TRACE>>(device, blocks, smem, stream, p);
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
@@ -167,7 +156,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_out_stride = a.x_normed_stride;
     p.n_segments   = a.n_segments;
     p.evict_first         = exact_evict_first() ? 1 : 0;
-    p.batch               = exact_batch();
     {
         exact_trace_ring &          r = trace_ring();
         std::lock_guard<std::mutex> lock(r.mutex);
@@ -331,9 +319,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks)
         return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
     }
-    // frt_gemv_trace: the instances that write records (not the tail's, nor BATCH's).
-    const auto launch = p.trace != nullptr ? exact_launch_glu<true>
-                        : p.batch != 0     ? exact_launch_glu<false, true>
-                                           : exact_launch_glu<false>;
+    // frt_gemv_trace: the instances that write records (not the tail's).
+    const auto launch = p.trace != nullptr ? exact_launch_glu<true> : exact_launch_glu<false>;
     return launch(glu, device, blocks, smem, stream, p);
 }
