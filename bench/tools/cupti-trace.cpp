@@ -2,7 +2,10 @@
 // GPU runs, including those replayed from CUDA graphs, into a text file that xtask parses.
 //
 // Loaded by the CUDA driver through CUDA_INJECTION64_PATH (it calls InitializeInjection when the
-// process initialises CUDA); writes to the file named by FRT_CUPTI_TRACE. Built by xtask with the
+// process initialises CUDA); writes to the file named by FRT_CUPTI_TRACE. FRT_CUPTI_LEVEL=graphs
+// records one record a CUDA graph launch instead of its kernels (and the copies), which costs the
+// traced run almost nothing: the step's untraced GPU span and the host time between steps, which
+// a kernel-level trace (~1.5 us of CUPTI's cost a kernel) cannot give. Built by xtask with the
 // C++ compiler of the llama.cpp build against the toolkit's CUPTI (extras/CUPTI, or the
 // nvidia-cuda-cupti wheel).
 //
@@ -12,6 +15,7 @@
 //   k ID START END DEVICE STREAM CORRELATION GRAPH GX GY GZ BX BY BZ
 //   m KIND BYTES START END DEVICE STREAM CORRELATION GRAPH       a memcpy (KIND: HtoD, DtoD, ...)
 //   s BYTES START END DEVICE STREAM CORRELATION GRAPH            a memset
+//   g START END DEVICE STREAM CORRELATION GRAPH                  a CUDA graph launch (graphs level)
 //   d DROPPED                       records CUPTI dropped (written only when there were some)
 //   e                               the end: the file is complete
 // GRAPH is the CUDA graph's id (0 outside graphs); a graph's kernels carry the correlation id of
@@ -106,6 +110,11 @@ void write_record(trace_file & t, const CUpti_Activity * record) {
                          (unsigned long long) s->start, (unsigned long long) s->end, s->deviceId, s->streamId,
                          s->correlationId, s->graphId);
         } break;
+        case CUPTI_ACTIVITY_KIND_GRAPH_TRACE: {
+            const auto * g = (const CUpti_ActivityGraphTrace2 *) record;
+            std::fprintf(t.out, "g %llu %llu %u %u %u %u\n", (unsigned long long) g->start,
+                         (unsigned long long) g->end, g->deviceId, g->streamId, g->correlationId, g->graphId);
+        } break;
         default:
             break;
     }
@@ -168,7 +177,13 @@ void flush_at_exit() {
 }  // namespace
 
 extern "C" int InitializeInjection(void) {
-    const char * path = std::getenv("FRT_CUPTI_TRACE");
+    const char * path  = std::getenv("FRT_CUPTI_TRACE");
+    const char * level = std::getenv("FRT_CUPTI_LEVEL");
+    const bool   graphs = level && std::string(level) == "graphs";
+    if (level && *level && !graphs && std::string(level) != "kernels") {
+        std::fprintf(stderr, "flashrt-cupti-trace: FRT_CUPTI_LEVEL=%s: use kernels (the default) or graphs\n", level);
+        std::_Exit(3);
+    }
     if (!path || !*path) {
         std::fprintf(stderr, "flashrt-cupti-trace: set FRT_CUPTI_TRACE to the file to write the trace to\n");
         std::_Exit(3);
@@ -184,7 +199,8 @@ extern "C" int InitializeInjection(void) {
         std::fprintf(t.out, "# flashrt-cupti-trace 1\n");
     }
     CUPTI_CHECK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
-    CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+    // CUPTI refuses graph-level records beside kernel records: one level a run.
+    CUPTI_CHECK(cuptiActivityEnable(graphs ? CUPTI_ACTIVITY_KIND_GRAPH_TRACE : CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
     CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
     CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
     std::atexit(flush_at_exit);

@@ -26,10 +26,13 @@ use crate::toolchain::{self, CudaChoice, Provision};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Each setting runs llama-bench (-ngl 99 -fa 1 -p 0 -n TOKENS) twice in its own process: without \
-tracing (3 repetitions: the tok/s to quote) and under bench/tools/cupti-trace.cpp, a CUPTI \
+Each setting runs llama-bench (-ngl 99 -fa 1 -p 0 -n TOKENS) three times in its own process: \
+without tracing (3 repetitions: the tok/s to quote), under bench/tools/cupti-trace.cpp, a CUPTI \
 injection library (CUDA_INJECTION64_PATH) that records every kernel, memcpy and memset, CUDA \
-graph replays included (1 repetition; tracing slows the run, kernel durations hold). Settings: \
+graph replays included (1 repetition; tracing slows the run, kernel durations hold), and under \
+the same library at graph level (FRT_CUPTI_LEVEL=graphs: one record a graph launch, nearly \
+free): the step's GPU span without per-kernel tracing and the time between steps, host work and \
+copies, that tok/s pays beside the kernels. Settings: \
 stock (GGML_CUDA_FLASHRT_DISABLE=1), overlay, and with --window-off NAME the overlay with \
 GGML_FLASHRT_NO_<NAME>=1.
 
@@ -144,6 +147,11 @@ pub struct SettingRun {
     /// none for stock.
     #[serde(default)]
     pub launch_log: Option<String>,
+    /// The graph-level trace's file name and its run's tok/s (none in profiles saved before it).
+    #[serde(default)]
+    pub graph_trace: Option<String>,
+    #[serde(default)]
+    pub graph_ts: Vec<f64>,
 }
 
 const INPUTS: &str = "inputs.json";
@@ -151,6 +159,8 @@ const UNPROFILED_REPS: u32 = 3;
 const PROFILED_REPS: u32 = 1;
 /// Where the injection library writes its trace.
 const TRACE_ENV: &str = "FRT_CUPTI_TRACE";
+/// The injection library's level: kernels (its default) or graphs.
+const LEVEL_ENV: &str = "FRT_CUPTI_LEVEL";
 /// Where the overlay logs its windows' weight-reading launches (overlay/diagnostics.cuh).
 const LAUNCH_LOG_ENV: &str = "GGML_FLASHRT_LAUNCH_LOG";
 
@@ -239,7 +249,27 @@ pub fn run(sh: &Shell, project: &Project, args: ProfileArgs) -> Result<()> {
                 .with_context(|| format!("the {} launch log {}", s.name, path.display()))
         })
         .collect::<Result<Vec<_>>>()?;
-    let profile = report::analyse(&inputs, &traces, &launches, &windows)?;
+    let graph_traces = inputs
+        .settings
+        .iter()
+        .map(|s| {
+            let Some(file) = &s.graph_trace else {
+                return Ok(None);
+            };
+            let path = dir.join(file);
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "reading the {} graph-level trace {}",
+                    s.name,
+                    path.display()
+                )
+            })?;
+            trace::parse(&text)
+                .map(Some)
+                .with_context(|| format!("the {} graph-level trace {}", s.name, path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let profile = report::analyse(&inputs, &traces, &graph_traces, &launches, &windows)?;
     let out = project.root.join("bench/results").join(bench::result_stem(
         &inputs.date,
         &inputs.commit,
@@ -357,6 +387,35 @@ fn measure(
                 library.display()
             );
         }
+        let graph_file = format!("{}.graphs.trace", name.replace(' ', "-"));
+        let graph_path = dir.join(&graph_file);
+        if graph_path.exists() {
+            std::fs::remove_file(&graph_path)
+                .with_context(|| format!("removing the old {}", graph_path.display()))?;
+        }
+        let mut graph_traced = env.clone();
+        graph_traced.push(("CUDA_INJECTION64_PATH".into(), utf8(&library)?));
+        graph_traced.push((TRACE_ENV.into(), utf8(&graph_path)?));
+        graph_traced.push((LEVEL_ENV.into(), "graphs".into()));
+        step(format!(
+            "{name}: llama-bench tg{} traced at graph level",
+            args.tokens
+        ));
+        let graph_ts = bench::llama_bench(
+            &bin,
+            &prepared.model,
+            &test,
+            PROFILED_REPS,
+            &Split::default(),
+            &graph_traced,
+        )
+        .with_context(|| format!("the {name} run traced at graph level"))?;
+        if !graph_path.is_file() {
+            bail!(
+                "the {name} run traced at graph level wrote no trace to {}",
+                graph_path.display()
+            );
+        }
         runs.push(SettingRun {
             name,
             env,
@@ -364,6 +423,8 @@ fn measure(
             profiled_ts,
             trace: file,
             launch_log,
+            graph_trace: Some(graph_file),
+            graph_ts,
         });
     }
     let inputs = Inputs {
@@ -707,6 +768,8 @@ mod tests {
             profiled_ts: vec![160.0],
             trace: format!("{name}.trace"),
             launch_log: None,
+            graph_trace: None,
+            graph_ts: Vec::new(),
         };
         let inputs = Inputs {
             date: "2026-11-30".into(),
@@ -734,8 +797,14 @@ mod tests {
                 trace::parse(&std::fs::read_to_string(dir.path().join(&s.trace)).unwrap()).unwrap()
             })
             .collect();
-        let profile =
-            report::analyse(&back, &traces, &[None, None], &WindowKernels::default()).unwrap();
+        let profile = report::analyse(
+            &back,
+            &traces,
+            &[None, None],
+            &[None, None],
+            &WindowKernels::default(),
+        )
+        .unwrap();
         // Steps of 1 kernel each: three launches, the first left out, 1.0 and 1.5 µs.
         let stock = &profile.settings[0];
         assert_eq!((stock.steady_steps, stock.kernels_per_step), (2, 1));

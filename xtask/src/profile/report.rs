@@ -52,6 +52,9 @@ pub struct SettingProfile {
     pub idle_us: f64,
     /// Median start-to-start time of consecutive steps (host time between launches included).
     pub period_us: Option<f64>,
+    /// The graph-level run's tok/s and steps (none in profiles saved before it).
+    pub graph_ts: Option<f64>,
+    pub graph_level: Option<trace::GraphTimes>,
     pub families: Vec<FamilyStats>,
     pub weights: Vec<WeightStats>,
     pub unattributed: Vec<Unattributed>,
@@ -211,6 +214,7 @@ pub fn analyse_setting(
                 Activity::Kernel { name, .. } => names[name].family(),
                 Activity::Memcpy { direction, .. } => format!("[memcpy {direction}]"),
                 Activity::Memset { .. } => "[memset]".to_owned(),
+                Activity::Graph => "[graph]".to_owned(),
             };
             if timed {
                 let us = |ns: i64| ns as f64 / 1e3;
@@ -340,6 +344,8 @@ pub fn analyse_setting(
         busy_us,
         idle_us: (span - busy) as f64 / 1e3 / n,
         period_us: (!periods.is_empty()).then(|| bench::median(&periods)),
+        graph_ts: None,
+        graph_level: None,
         families: family_stats,
         weights: weight_stats,
         unattributed: unattributed
@@ -403,6 +409,7 @@ fn logged_attribution(
 pub fn analyse(
     inputs: &Inputs,
     traces: &[Trace],
+    graph_traces: &[Option<Trace>],
     launches: &[Option<Vec<Vec<LoggedLaunch>>>],
     windows: &WindowKernels,
 ) -> Result<Profile> {
@@ -410,9 +417,10 @@ pub fn analyse(
         .settings
         .iter()
         .zip(traces)
+        .zip(graph_traces)
         .zip(launches)
-        .map(|((run, trace), launches)| {
-            analyse_setting(
+        .map(|(((run, trace), graph_trace), launches)| {
+            let mut setting = analyse_setting(
                 run,
                 trace,
                 launches.as_deref(),
@@ -420,7 +428,15 @@ pub fn analyse(
                 windows,
                 inputs.bandwidth.read_tbps,
             )
-            .map_err(|e| e.context(format!("the {} trace", run.name)))
+            .map_err(|e| e.context(format!("the {} trace", run.name)))?;
+            if let Some(graph_trace) = graph_trace {
+                setting.graph_level = Some(
+                    trace::graph_times(graph_trace)
+                        .map_err(|e| e.context(format!("the {} graph-level trace", run.name)))?,
+                );
+                setting.graph_ts = Some(bench::median(&run.graph_ts));
+            }
+            Ok(setting)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Profile {
@@ -544,6 +560,29 @@ pub fn markdown(p: &Profile) -> String {
     out.push_str(&line("step period µs (launch to launch)", &|x| {
         opt(x.period_us, |v| format!("{v:.1}"))
     }));
+    let graph = |f: fn(&trace::GraphTimes) -> f64| {
+        move |x: &SettingProfile| opt(x.graph_level.as_ref().map(f), |v| format!("{v:.1}"))
+    };
+    out.push_str(&line(
+        "tok/s traced at graph level (one record a graph launch)",
+        &|x| opt(x.graph_ts, |v| format!("{v:.1}")),
+    ));
+    out.push_str(&line(
+        "graph-level: GPU span of a step µs",
+        &graph(|g| g.span_us),
+    ));
+    out.push_str(&line(
+        "graph-level: between steps µs (host work, copies)",
+        &graph(|g| g.gap_us),
+    ));
+    out.push_str(&line(
+        "graph-level: copies between steps µs",
+        &graph(|g| g.copies_us),
+    ));
+    out.push_str(&line(
+        "graph-level: step period µs",
+        &graph(|g| g.period_us),
+    ));
     out.push_str(&line("weights read per step (attributed)", &|x| {
         format!("{:.3} GB", x.weight_bytes / 1e9)
     }));
@@ -1003,6 +1042,8 @@ mod tests {
             profiled_ts: vec![160.0],
             trace: format!("{name}.trace"),
             launch_log: None,
+            graph_trace: None,
+            graph_ts: Vec::new(),
         }
     }
 
@@ -1140,8 +1181,16 @@ mod tests {
         let mmvq = &mut stock.families[0];
         (mmvq.exclusive_us, mmvq.us_each, mmvq.share) = (11.0, 11.0, 11.0 / 14.5);
         stock.busy_us = 14.5;
-        let overlay =
+        let mut overlay =
             analyse_setting(&run("overlay"), &trace, None, &tensors(), &windows(), 4.0).unwrap();
+        overlay.graph_ts = Some(300.0);
+        overlay.graph_level = Some(trace::GraphTimes {
+            launches: 4,
+            span_us: 7.0,
+            period_us: 10.0,
+            gap_us: 2.5,
+            copies_us: 1.0,
+        });
         Profile {
             date: "2026-11-30".into(),
             commit: "abc1234".into(),
@@ -1172,6 +1221,15 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| kernels per step | 3 | 3 |"), "{md}");
+        // Graph-level rows: "-" for a setting without a graph-level trace.
+        assert!(
+            md.contains("| graph-level: between steps µs (host work, copies) | - | 2.5 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| tok/s traced at graph level (one record a graph launch) | - | 300.0 |"),
+            "{md}"
+        );
         assert!(md.contains("| GPU busy µs | 14.5 | 13.5 |"), "{md}");
         assert!(
             md.contains("| steady steps (of graph launches) | 3 of 5 | 3 of 5 |"),

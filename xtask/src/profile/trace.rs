@@ -24,6 +24,9 @@ pub enum Activity {
     Memset {
         bytes: u64,
     },
+    /// A whole CUDA graph launch, first node's start to last node's end (a graph-level trace,
+    /// FRT_CUPTI_LEVEL=graphs, has these instead of the graph's kernels).
+    Graph,
 }
 
 /// One thing the GPU ran. Times in ns on CUPTI's clock.
@@ -83,7 +86,7 @@ pub fn parse(text: &str) -> Result<Trace> {
                 }
                 trace.names.push(name.to_owned());
             }
-            "k" | "m" | "s" => {
+            "k" | "m" | "s" | "g" => {
                 let record = parse_record(tag, rest, trace.names.len()).with_context(at)?;
                 trace.records.push(record);
             }
@@ -147,6 +150,12 @@ fn parse_record(tag: &str, rest: &str, names: usize) -> Result<Record> {
                 },
                 2,
             )
+        }
+        "g" => {
+            if fields.len() != 6 {
+                bail!("a graph record has 6 fields, this one {}", fields.len());
+            }
+            (Activity::Graph, 0)
         }
         _ => {
             if fields.len() != 7 {
@@ -213,6 +222,67 @@ pub fn graph_steps(trace: &Trace) -> (Vec<Step>, usize) {
         .collect();
     steps.sort_by_key(|s| (s.start, s.correlation));
     (steps, outside)
+}
+
+/// A graph-level trace's decode steps: medians over the graph launches after the first (a cold
+/// replay), in µs. The period is start to next start; the gap, this launch's end to the next one's
+/// start, is what the GPU waits for the host (llama_decode's own work, the graph's launch) and for
+/// the copies outside the graph; copies_us is those copies' part.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GraphTimes {
+    pub launches: usize,
+    pub span_us: f64,
+    pub period_us: f64,
+    pub gap_us: f64,
+    pub copies_us: f64,
+}
+
+pub fn graph_times(trace: &Trace) -> Result<GraphTimes> {
+    let mut launches: Vec<&Record> = trace
+        .records
+        .iter()
+        .filter(|r| r.activity == Activity::Graph)
+        .collect();
+    launches.sort_by_key(|r| (r.start, r.end));
+    if launches.len() < 3 {
+        bail!(
+            "{} graph launches in the graph-level trace, 3 at least needed: did the run decode \
+             through CUDA graphs?",
+            launches.len()
+        );
+    }
+    let copies: Vec<&Record> = trace
+        .records
+        .iter()
+        .filter(|r| {
+            r.graph == 0
+                && matches!(
+                    r.activity,
+                    Activity::Memcpy { .. } | Activity::Memset { .. }
+                )
+        })
+        .collect();
+    let us = |ns: u64| ns as f64 / 1e3;
+    let steady = &launches[1..];
+    let spans: Vec<f64> = steady.iter().map(|r| us(r.end - r.start)).collect();
+    let (mut periods, mut gaps, mut copied) = (Vec::new(), Vec::new(), Vec::new());
+    for pair in steady.windows(2) {
+        let (this, next) = (pair[0], pair[1]);
+        periods.push(us(next.start - this.start));
+        gaps.push(us(next.start.saturating_sub(this.end)));
+        copied.push(us(copies
+            .iter()
+            .filter(|c| c.start >= this.end && c.end <= next.start)
+            .map(|c| c.end - c.start)
+            .sum()));
+    }
+    Ok(GraphTimes {
+        launches: launches.len(),
+        span_us: crate::bench::median(&spans),
+        period_us: crate::bench::median(&periods),
+        gap_us: crate::bench::median(&gaps),
+        copies_us: crate::bench::median(&copied),
+    })
 }
 
 /// Which steps are the steady decode steps.
@@ -341,6 +411,35 @@ pub mod tests {
         assert_eq!(
             (trace.records[3].activity, trace.records[3].graph),
             (Activity::Memset { bytes: 4096 }, 3)
+        );
+    }
+
+    #[test]
+    fn graph_level_traces_give_span_period_and_the_gap_between_launches() {
+        // Four launches 10 µs apart, spans 6, 7, 8 and 7 µs; a copy of 1 µs after each of the
+        // last three but one, and a copy inside a graph (not counted).
+        let trace = parse(&text(&[
+            "g 0 9000 0 7 1 4",
+            "m HtoD 8 9500 9600 0 7 90 0",
+            "g 10000 17000 0 7 2 4",
+            "m DtoH 4 17500 18500 0 7 91 0",
+            "g 20000 28000 0 7 3 4",
+            "m DtoH 4 28500 29500 0 7 92 0",
+            "m DtoD 4 20500 21500 0 7 3 4",
+            "g 30000 37000 0 7 4 4",
+            "e",
+        ]))
+        .unwrap();
+        assert_eq!(trace.records[0].activity, Activity::Graph);
+        let g = graph_times(&trace).unwrap();
+        assert_eq!(g.launches, 4);
+        // The first launch (9 µs: cold) is left out.
+        assert_eq!((g.span_us, g.period_us), (7.0, 10.0));
+        assert_eq!((g.gap_us, g.copies_us), (2.5, 1.0));
+        let few = parse(&text(&["g 0 5 0 7 1 4", "g 10 15 0 7 2 4", "e"])).unwrap();
+        assert!(format!("{:#}", graph_times(&few).unwrap_err()).contains("2 graph launches"));
+        assert!(
+            format!("{:#}", parse(&text(&["g 0 5 0 7 1", "e"])).unwrap_err()).contains("6 fields")
         );
     }
 
