@@ -16,6 +16,8 @@
 //   m KIND BYTES START END DEVICE STREAM CORRELATION GRAPH       a memcpy (KIND: HtoD, DtoD, ...)
 //   s BYTES START END DEVICE STREAM CORRELATION GRAPH            a memset
 //   g START END DEVICE STREAM CORRELATION GRAPH                  a CUDA graph launch (graphs level)
+//   a ID START END THREAD CORRELATION                            a CUDA runtime call (graphs level;
+//                                                                ID names it, as for kernels)
 //   d DROPPED                       records CUPTI dropped (written only when there were some)
 //   e                               the end: the file is complete
 // GRAPH is the CUDA graph's id (0 outside graphs); a graph's kernels carry the correlation id of
@@ -110,6 +112,16 @@ void write_record(trace_file & t, const CUpti_Activity * record) {
                          (unsigned long long) s->start, (unsigned long long) s->end, s->deviceId, s->streamId,
                          s->correlationId, s->graphId);
         } break;
+        case CUPTI_ACTIVITY_KIND_RUNTIME: {
+            const auto * a    = (const CUpti_ActivityAPI *) record;
+            const char * name = nullptr;
+            if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS) {
+                name = nullptr;
+            }
+            const unsigned id = name_id(t, name);
+            std::fprintf(t.out, "a %u %llu %llu %u %u\n", id, (unsigned long long) a->start,
+                         (unsigned long long) a->end, a->threadId, a->correlationId);
+        } break;
         case CUPTI_ACTIVITY_KIND_GRAPH_TRACE: {
             const auto * g = (const CUpti_ActivityGraphTrace2 *) record;
             std::fprintf(t.out, "g %llu %llu %u %u %u %u\n", (unsigned long long) g->start,
@@ -201,6 +213,9 @@ extern "C" int InitializeInjection(void) {
     CUPTI_CHECK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
     // CUPTI refuses graph-level records beside kernel records: one level a run.
     CUPTI_CHECK(cuptiActivityEnable(graphs ? CUPTI_ACTIVITY_KIND_GRAPH_TRACE : CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+    if (graphs) {
+        CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME));
+    }
     CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
     CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
     std::atexit(flush_at_exit);

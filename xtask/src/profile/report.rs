@@ -215,6 +215,7 @@ pub fn analyse_setting(
                 Activity::Memcpy { direction, .. } => format!("[memcpy {direction}]"),
                 Activity::Memset { .. } => "[memset]".to_owned(),
                 Activity::Graph => "[graph]".to_owned(),
+                Activity::Api { name, .. } => format!("[{}]", trace.names[name]),
             };
             if timed {
                 let us = |ns: i64| ns as f64 / 1e3;
@@ -583,6 +584,25 @@ pub fn markdown(p: &Profile) -> String {
         "graph-level: step period µs",
         &graph(|g| g.period_us),
     ));
+    let host = |f: fn(&trace::GraphTimes) -> Option<f64>| {
+        move |x: &SettingProfile| opt(x.graph_level.as_ref().and_then(f), |v| format!("{v:.1}"))
+    };
+    out.push_str(&line(
+        "graph-level: the host's synchronize returns, µs after the step's end",
+        &host(|g| g.sync_returned_us),
+    ));
+    out.push_str(&line(
+        "graph-level: the next cudaGraphLaunch called, µs after the step's end",
+        &host(|g| g.launch_called_us),
+    ));
+    out.push_str(&line(
+        "graph-level: cudaGraphLaunch call µs",
+        &host(|g| g.launch_call_us),
+    ));
+    out.push_str(&line(
+        "graph-level: from that call to the GPU's start µs",
+        &host(|g| g.launch_to_start_us),
+    ));
     out.push_str(&line("weights read per step (attributed)", &|x| {
         format!("{:.3} GB", x.weight_bytes / 1e9)
     }));
@@ -620,6 +640,47 @@ pub fn markdown(p: &Profile) -> String {
         }
         if !notes.is_empty() {
             let _ = writeln!(out, "- {}: {}", x.name, notes.join("; "));
+        }
+    }
+
+    if s.iter()
+        .any(|x| x.graph_level.as_ref().is_some_and(|g| !g.calls.is_empty()))
+    {
+        out.push_str("\n## Host calls between steps (graph-level trace)\n\n");
+        out.push_str(
+            "CUDA runtime calls in the gap from a step's end to the next step's start: calls and \
+             µs a gap (means; a call that began before the gap counts from its start).\n\n",
+        );
+        let mut cols = vec!["call".to_owned()];
+        for n in &names {
+            cols.push(format!("{n} calls"));
+            cols.push(format!("{n} µs"));
+        }
+        out.push_str(&header(&cols, cols.len() - 1));
+        let mut order: Vec<String> = Vec::new();
+        for x in s {
+            for c in x.graph_level.iter().flat_map(|g| &g.calls) {
+                if !order.contains(&c.0) {
+                    order.push(c.0.clone());
+                }
+            }
+        }
+        for name in order {
+            let mut cells = vec![format!("`{name}`")];
+            for x in s {
+                match x
+                    .graph_level
+                    .as_ref()
+                    .and_then(|g| g.calls.iter().find(|c| c.0 == name))
+                {
+                    Some(c) => {
+                        cells.push(format!("{:.2}", c.1));
+                        cells.push(format!("{:.1}", c.2));
+                    }
+                    None => cells.extend(["-".to_owned(), "-".to_owned()]),
+                }
+            }
+            out.push_str(&row(cells));
         }
     }
 
@@ -1190,6 +1251,11 @@ mod tests {
             period_us: 10.0,
             gap_us: 2.5,
             copies_us: 1.0,
+            sync_returned_us: Some(0.4),
+            launch_called_us: Some(1.25),
+            launch_call_us: Some(0.3),
+            launch_to_start_us: Some(1.25),
+            calls: vec![("cudaGraphLaunch_v10000".into(), 1.0, 0.3)],
         });
         Profile {
             date: "2026-11-30".into(),
@@ -1228,6 +1294,14 @@ mod tests {
         );
         assert!(
             md.contains("| tok/s traced at graph level (one record a graph launch) | - | 300.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| graph-level: cudaGraphLaunch call µs | - | 0.3 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| `cudaGraphLaunch_v10000` | - | - | 1.00 | 0.3 |"),
             "{md}"
         );
         assert!(md.contains("| GPU busy µs | 14.5 | 13.5 |"), "{md}");

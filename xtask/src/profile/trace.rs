@@ -27,6 +27,12 @@ pub enum Activity {
     /// A whole CUDA graph launch, first node's start to last node's end (a graph-level trace,
     /// FRT_CUPTI_LEVEL=graphs, has these instead of the graph's kernels).
     Graph,
+    /// A CUDA runtime call on the host (graph-level traces).
+    Api {
+        /// Index into [`Trace::names`].
+        name: usize,
+        thread: u32,
+    },
 }
 
 /// One thing the GPU ran. Times in ns on CUPTI's clock.
@@ -86,7 +92,7 @@ pub fn parse(text: &str) -> Result<Trace> {
                 }
                 trace.names.push(name.to_owned());
             }
-            "k" | "m" | "s" | "g" => {
+            "k" | "m" | "s" | "g" | "a" => {
                 let record = parse_record(tag, rest, trace.names.len()).with_context(at)?;
                 trace.records.push(record);
             }
@@ -150,6 +156,34 @@ fn parse_record(tag: &str, rest: &str, names: usize) -> Result<Record> {
                 },
                 2,
             )
+        }
+        "a" => {
+            if fields.len() != 5 {
+                bail!(
+                    "a runtime call record has 5 fields, this one {}",
+                    fields.len()
+                );
+            }
+            let name = usize::try_from(int(0)?)?;
+            if name >= names {
+                bail!("call name {name} was not defined");
+            }
+            let record = Record {
+                activity: Activity::Api {
+                    name,
+                    thread: small(3)?,
+                },
+                start: int(1)?,
+                end: int(2)?,
+                device: 0,
+                stream: 0,
+                correlation: small(4)?,
+                graph: 0,
+            };
+            if record.end < record.start {
+                bail!("ends before it starts");
+            }
+            return Ok(record);
         }
         "g" => {
             if fields.len() != 6 {
@@ -227,7 +261,10 @@ pub fn graph_steps(trace: &Trace) -> (Vec<Step>, usize) {
 /// A graph-level trace's decode steps: medians over the graph launches after the first (a cold
 /// replay), in µs. The period is start to next start; the gap, this launch's end to the next one's
 /// start, is what the GPU waits for the host (llama_decode's own work, the graph's launch) and for
-/// the copies outside the graph; copies_us is those copies' part.
+/// the copies outside the graph; copies_us is those copies' part. The host's side of a gap, from
+/// the runtime calls in it: when the synchronize waiting for the step returned, when the next
+/// cudaGraphLaunch was called and how long the call took, from that call to the GPU's start, and
+/// every call made in a gap (name, calls and µs a gap, means).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct GraphTimes {
     pub launches: usize,
@@ -235,6 +272,11 @@ pub struct GraphTimes {
     pub period_us: f64,
     pub gap_us: f64,
     pub copies_us: f64,
+    pub sync_returned_us: Option<f64>,
+    pub launch_called_us: Option<f64>,
+    pub launch_call_us: Option<f64>,
+    pub launch_to_start_us: Option<f64>,
+    pub calls: Vec<(String, f64, f64)>,
 }
 
 pub fn graph_times(trace: &Trace) -> Result<GraphTimes> {
@@ -262,10 +304,23 @@ pub fn graph_times(trace: &Trace) -> Result<GraphTimes> {
                 )
         })
         .collect();
+    let mut calls: Vec<(&str, &Record)> = trace
+        .records
+        .iter()
+        .filter_map(|r| match r.activity {
+            Activity::Api { name, .. } => Some((trace.names[name].as_str(), r)),
+            _ => None,
+        })
+        .collect();
+    calls.sort_by_key(|(_, r)| (r.start, r.end));
     let us = |ns: u64| ns as f64 / 1e3;
+    let since = |t: u64, from: u64| (t as f64 - from as f64) / 1e3;
     let steady = &launches[1..];
     let spans: Vec<f64> = steady.iter().map(|r| us(r.end - r.start)).collect();
     let (mut periods, mut gaps, mut copied) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut synced, mut called, mut call, mut to_start) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut per_name: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
     for pair in steady.windows(2) {
         let (this, next) = (pair[0], pair[1]);
         periods.push(us(next.start - this.start));
@@ -275,13 +330,54 @@ pub fn graph_times(trace: &Trace) -> Result<GraphTimes> {
             .filter(|c| c.start >= this.end && c.end <= next.start)
             .map(|c| c.end - c.start)
             .sum()));
+        // The host's calls of this gap: those ending after the step's end that start before the
+        // next step does (the synchronize that waited for the step began long before its end).
+        let in_gap: Vec<&(&str, &Record)> = calls
+            .iter()
+            .filter(|(_, c)| c.end > this.end && c.start < next.start)
+            .collect();
+        for (name, c) in &in_gap {
+            let entry = per_name.entry(name).or_default();
+            entry.0 += 1;
+            entry.1 += c.end.min(next.start) - c.start.max(this.end);
+        }
+        if let Some((_, sync)) = in_gap.iter().find(|(n, _)| n.contains("Synchronize")) {
+            synced.push(since(sync.end, this.end));
+        }
+        if let Some((_, launch)) = in_gap
+            .iter()
+            .rev()
+            .find(|(n, _)| n.starts_with("cudaGraphLaunch"))
+        {
+            called.push(since(launch.start, this.end));
+            call.push(us(launch.end - launch.start));
+            to_start.push(since(next.start, launch.start));
+        }
     }
+    let gaps_n = steady.len() - 1;
+    let median = |v: &[f64]| (!v.is_empty()).then(|| crate::bench::median(v));
+    let mut calls: Vec<(String, f64, f64)> = per_name
+        .into_iter()
+        .map(|(name, (n, ns))| {
+            (
+                name.to_owned(),
+                n as f64 / gaps_n as f64,
+                us(ns) / gaps_n as f64,
+            )
+        })
+        .collect();
+    calls.sort_by(|a, b| b.2.total_cmp(&a.2));
     Ok(GraphTimes {
         launches: launches.len(),
         span_us: crate::bench::median(&spans),
         period_us: crate::bench::median(&periods),
         gap_us: crate::bench::median(&gaps),
         copies_us: crate::bench::median(&copied),
+        sync_returned_us: median(&synced),
+        launch_called_us: median(&called),
+        launch_call_us: median(&call),
+        launch_to_start_us: median(&to_start),
+        calls,
     })
 }
 
@@ -418,24 +514,49 @@ pub mod tests {
     fn graph_level_traces_give_span_period_and_the_gap_between_launches() {
         // Four launches 10 µs apart, spans 6, 7, 8 and 7 µs; a copy of 1 µs after each of the
         // last three but one, and a copy inside a graph (not counted).
+        // The host: a synchronize waiting for each step, returning 0.2 and 0.6 µs after its end,
+        // and a graph launch called 1.5 and 2.0 µs after it (0.3 µs calls).
         let trace = parse(&text(&[
+            "n 0 cudaStreamSynchronize_v3020",
+            "n 1 cudaGraphLaunch_v10000",
             "g 0 9000 0 7 1 4",
             "m HtoD 8 9500 9600 0 7 90 0",
             "g 10000 17000 0 7 2 4",
+            "a 0 11000 17200 5 60",
             "m DtoH 4 17500 18500 0 7 91 0",
+            "a 1 18500 18800 5 61",
             "g 20000 28000 0 7 3 4",
+            "a 0 21000 28600 5 62",
             "m DtoH 4 28500 29500 0 7 92 0",
             "m DtoD 4 20500 21500 0 7 3 4",
+            "a 1 29000 29300 5 63",
             "g 30000 37000 0 7 4 4",
             "e",
         ]))
         .unwrap();
         assert_eq!(trace.records[0].activity, Activity::Graph);
+        assert_eq!(
+            trace.records[3].activity,
+            Activity::Api { name: 0, thread: 5 }
+        );
         let g = graph_times(&trace).unwrap();
         assert_eq!(g.launches, 4);
         // The first launch (9 µs: cold) is left out.
         assert_eq!((g.span_us, g.period_us), (7.0, 10.0));
         assert_eq!((g.gap_us, g.copies_us), (2.5, 1.0));
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-9;
+        assert!(close(g.sync_returned_us, 0.4), "{g:?}");
+        assert!(close(g.launch_called_us, 1.25), "{g:?}");
+        assert!(close(g.launch_call_us, 0.3), "{g:?}");
+        assert!(close(g.launch_to_start_us, 1.25), "{g:?}");
+        // Per gap, most time first: the synchronize's part after the step's end, the launch.
+        let names: Vec<&str> = g.calls.iter().map(|c| c.0.as_str()).collect();
+        assert_eq!(
+            names,
+            ["cudaStreamSynchronize_v3020", "cudaGraphLaunch_v10000"]
+        );
+        assert!((g.calls[0].1 - 1.0).abs() < 1e-9 && (g.calls[0].2 - 0.4).abs() < 1e-9);
+        assert!((g.calls[1].1 - 1.0).abs() < 1e-9 && (g.calls[1].2 - 0.3).abs() < 1e-9);
         let few = parse(&text(&["g 0 5 0 7 1 4", "g 10 15 0 7 2 4", "e"])).unwrap();
         assert!(format!("{:#}", graph_times(&few).unwrap_err()).contains("2 graph launches"));
         assert!(
