@@ -584,6 +584,17 @@ pub fn markdown(p: &Profile) -> String {
         "graph-level: step period µs",
         &graph(|g| g.period_us),
     ));
+    out.push_str(&line(
+        "graph-level: mean step period µs (what tok/s pays)",
+        &graph(|g| g.mean_period_us),
+    ));
+    out.push_str(&line(
+        "graph-level: gaps over twice the median, and their excess µs a step",
+        &|x| match &x.graph_level {
+            Some(g) => format!("{}, {:.1}", g.long_gaps, g.long_gaps_us),
+            None => "-".to_owned(),
+        },
+    ));
     let host = |f: fn(&trace::GraphTimes) -> Option<f64>| {
         move |x: &SettingProfile| opt(x.graph_level.as_ref().and_then(f), |v| format!("{v:.1}"))
     };
@@ -885,7 +896,11 @@ pub fn markdown(p: &Profile) -> String {
          `CUDA_INJECTION64_PATH`), which records every kernel, memcpy and memset. A step is one \
          CUDA graph launch (its kernels carry the launch's correlation id); the steady steps \
          have the most common kernel count, less the first (a cold replay). Numbers are means \
-         over the steady steps.\n",
+         over the steady steps. The graph-level rows come from a third run under the same \
+         library with `FRT_CUPTI_LEVEL=graphs`: one record a graph launch, the copies and the \
+         CUDA runtime calls, no kernel records, so the step's GPU span is as untraced; the \
+         runtime calls' records still slow the host a little (~160 calls a step), so its gaps \
+         are upper bounds. Medians over its launches after the first.\n",
     );
     out
 }
@@ -1249,7 +1264,10 @@ mod tests {
             launches: 4,
             span_us: 7.0,
             period_us: 10.0,
+            mean_period_us: 12.5,
             gap_us: 2.5,
+            long_gaps: 1,
+            long_gaps_us: 2.5,
             copies_us: 1.0,
             sync_returned_us: Some(0.4),
             launch_called_us: Some(1.25),
@@ -1298,6 +1316,10 @@ mod tests {
         );
         assert!(
             md.contains("| graph-level: cudaGraphLaunch call µs | - | 0.3 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| graph-level: gaps over twice the median, and their excess µs a step | - | 1, 2.5 |"),
             "{md}"
         );
         assert!(

@@ -264,13 +264,18 @@ pub fn graph_steps(trace: &Trace) -> (Vec<Step>, usize) {
 /// the copies outside the graph; copies_us is those copies' part. The host's side of a gap, from
 /// the runtime calls in it: when the synchronize waiting for the step returned, when the next
 /// cudaGraphLaunch was called and how long the call took, from that call to the GPU's start, and
-/// every call made in a gap (name, calls and µs a gap, means).
+/// every call made in a gap (name, calls and µs a gap, means). tok/s pays the mean period, not
+/// the median: the gaps over twice the median (eager steps and captures at a run's start, stalls)
+/// are counted, with their excess over the median gap averaged over every step.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct GraphTimes {
     pub launches: usize,
     pub span_us: f64,
     pub period_us: f64,
+    pub mean_period_us: f64,
     pub gap_us: f64,
+    pub long_gaps: usize,
+    pub long_gaps_us: f64,
     pub copies_us: f64,
     pub sync_returned_us: Option<f64>,
     pub launch_called_us: Option<f64>,
@@ -356,6 +361,12 @@ pub fn graph_times(trace: &Trace) -> Result<GraphTimes> {
     }
     let gaps_n = steady.len() - 1;
     let median = |v: &[f64]| (!v.is_empty()).then(|| crate::bench::median(v));
+    let gap_us = crate::bench::median(&gaps);
+    let long: Vec<f64> = gaps
+        .iter()
+        .filter(|&&g| g > 2.0 * gap_us)
+        .map(|g| g - gap_us)
+        .collect();
     let mut calls: Vec<(String, f64, f64)> = per_name
         .into_iter()
         .map(|(name, (n, ns))| {
@@ -371,7 +382,10 @@ pub fn graph_times(trace: &Trace) -> Result<GraphTimes> {
         launches: launches.len(),
         span_us: crate::bench::median(&spans),
         period_us: crate::bench::median(&periods),
-        gap_us: crate::bench::median(&gaps),
+        mean_period_us: periods.iter().sum::<f64>() / periods.len() as f64,
+        gap_us,
+        long_gaps: long.len(),
+        long_gaps_us: long.iter().sum::<f64>() / gaps_n as f64,
         copies_us: crate::bench::median(&copied),
         sync_returned_us: median(&synced),
         launch_called_us: median(&called),
@@ -531,6 +545,8 @@ pub mod tests {
             "m DtoD 4 20500 21500 0 7 3 4",
             "a 1 29000 29300 5 63",
             "g 30000 37000 0 7 4 4",
+            "g 40000 47000 0 7 5 4",
+            "g 60000 67000 0 7 6 4",
             "e",
         ]))
         .unwrap();
@@ -540,23 +556,28 @@ pub mod tests {
             Activity::Api { name: 0, thread: 5 }
         );
         let g = graph_times(&trace).unwrap();
-        assert_eq!(g.launches, 4);
-        // The first launch (9 µs: cold) is left out.
-        assert_eq!((g.span_us, g.period_us), (7.0, 10.0));
-        assert_eq!((g.gap_us, g.copies_us), (2.5, 1.0));
+        assert_eq!(g.launches, 6);
+        // The first launch (9 µs: cold) is left out; the gaps are 3, 2, 3 and 13 µs, the last
+        // one long (13 - 3 = 10 µs over the median, 2.5 µs a step over four).
+        assert_eq!(
+            (g.span_us, g.period_us, g.mean_period_us),
+            (7.0, 10.0, 12.5)
+        );
+        assert_eq!((g.gap_us, g.copies_us), (3.0, 0.5));
+        assert_eq!((g.long_gaps, g.long_gaps_us), (1, 2.5));
         let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-9;
         assert!(close(g.sync_returned_us, 0.4), "{g:?}");
         assert!(close(g.launch_called_us, 1.25), "{g:?}");
         assert!(close(g.launch_call_us, 0.3), "{g:?}");
         assert!(close(g.launch_to_start_us, 1.25), "{g:?}");
-        // Per gap, most time first: the synchronize's part after the step's end, the launch.
+        // Per gap (four), most time first: the synchronize's part after the step's end, the launch.
         let names: Vec<&str> = g.calls.iter().map(|c| c.0.as_str()).collect();
         assert_eq!(
             names,
             ["cudaStreamSynchronize_v3020", "cudaGraphLaunch_v10000"]
         );
-        assert!((g.calls[0].1 - 1.0).abs() < 1e-9 && (g.calls[0].2 - 0.4).abs() < 1e-9);
-        assert!((g.calls[1].1 - 1.0).abs() < 1e-9 && (g.calls[1].2 - 0.3).abs() < 1e-9);
+        assert!((g.calls[0].1 - 0.5).abs() < 1e-9 && (g.calls[0].2 - 0.2).abs() < 1e-9);
+        assert!((g.calls[1].1 - 0.5).abs() < 1e-9 && (g.calls[1].2 - 0.15).abs() < 1e-9);
         let few = parse(&text(&["g 0 5 0 7 1 4", "g 10 15 0 7 2 4", "e"])).unwrap();
         assert!(format!("{:#}", graph_times(&few).unwrap_err()).contains("2 graph launches"));
         assert!(
