@@ -591,7 +591,7 @@ pub fn markdown(p: &Profile) -> String {
     out.push_str(&line(
         "graph-level: gaps over twice the median, and their excess µs a step",
         &|x| match &x.graph_level {
-            Some(g) => format!("{}, {:.1}", g.long_gaps, g.long_gaps_us),
+            Some(g) => format!("{}, {:.1}", g.long_gaps.len(), g.long_gaps_us),
             None => "-".to_owned(),
         },
     ));
@@ -641,6 +641,24 @@ pub fn markdown(p: &Profile) -> String {
             notes.push(format!(
                 "{} records outside CUDA graphs (warm-up, input and output copies)",
                 x.outside_graphs
+            ));
+        }
+        if let Some(g) = x.graph_level.as_ref().filter(|g| !g.long_gaps.is_empty()) {
+            let listed: Vec<String> = g
+                .long_gaps
+                .iter()
+                .take(8)
+                .map(|(k, us)| format!("{us:.0} µs after steady launch {}", k + 1))
+                .collect();
+            let more = g.long_gaps.len().saturating_sub(8);
+            notes.push(format!(
+                "graph-level long gaps: {}{}",
+                listed.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
             ));
         }
         if x.dropped_records > 0 {
@@ -1266,7 +1284,7 @@ mod tests {
             period_us: 10.0,
             mean_period_us: 12.5,
             gap_us: 2.5,
-            long_gaps: 1,
+            long_gaps: vec![(3, 13.0)],
             long_gaps_us: 2.5,
             copies_us: 1.0,
             sync_returned_us: Some(0.4),
@@ -1363,6 +1381,10 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("left out: 1 × 2 kernels"), "{md}");
+        assert!(
+            md.contains("graph-level long gaps: 13 µs after steady launch 4"),
+            "{md}"
+        );
         assert!(md.contains("Every matvec launch was attributed."));
         // Every table row has as many cells as its header.
         for table in md.split("\n\n").filter(|b| b.starts_with('|')) {

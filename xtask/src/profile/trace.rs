@@ -274,7 +274,8 @@ pub struct GraphTimes {
     pub period_us: f64,
     pub mean_period_us: f64,
     pub gap_us: f64,
-    pub long_gaps: usize,
+    /// The long gaps: after which steady launch (0 the first), and how long.
+    pub long_gaps: Vec<(usize, f64)>,
     pub long_gaps_us: f64,
     pub copies_us: f64,
     pub sync_returned_us: Option<f64>,
@@ -362,10 +363,12 @@ pub fn graph_times(trace: &Trace) -> Result<GraphTimes> {
     let gaps_n = steady.len() - 1;
     let median = |v: &[f64]| (!v.is_empty()).then(|| crate::bench::median(v));
     let gap_us = crate::bench::median(&gaps);
-    let long: Vec<f64> = gaps
+    // (gap after the k-th steady launch, µs)
+    let long: Vec<(usize, f64)> = gaps
         .iter()
-        .filter(|&&g| g > 2.0 * gap_us)
-        .map(|g| g - gap_us)
+        .enumerate()
+        .filter(|(_, &g)| g > 2.0 * gap_us)
+        .map(|(k, &g)| (k, g))
         .collect();
     let mut calls: Vec<(String, f64, f64)> = per_name
         .into_iter()
@@ -384,8 +387,8 @@ pub fn graph_times(trace: &Trace) -> Result<GraphTimes> {
         period_us: crate::bench::median(&periods),
         mean_period_us: periods.iter().sum::<f64>() / periods.len() as f64,
         gap_us,
-        long_gaps: long.len(),
-        long_gaps_us: long.iter().sum::<f64>() / gaps_n as f64,
+        long_gaps_us: long.iter().map(|(_, g)| g - gap_us).sum::<f64>() / gaps_n as f64,
+        long_gaps: long,
         copies_us: crate::bench::median(&copied),
         sync_returned_us: median(&synced),
         launch_called_us: median(&called),
@@ -564,7 +567,10 @@ pub mod tests {
             (7.0, 10.0, 12.5)
         );
         assert_eq!((g.gap_us, g.copies_us), (3.0, 0.5));
-        assert_eq!((g.long_gaps, g.long_gaps_us), (1, 2.5));
+        assert_eq!(
+            (g.long_gaps.as_slice(), g.long_gaps_us),
+            (&[(3, 13.0)][..], 2.5)
+        );
         let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-9;
         assert!(close(g.sync_returned_us, 0.4), "{g:?}");
         assert!(close(g.launch_called_us, 1.25), "{g:?}");
