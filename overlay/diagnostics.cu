@@ -2,6 +2,7 @@
 #include "fa4.cuh"
 #include "gemv.cuh"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -149,6 +150,55 @@ void flashrt_dump_graph(const ggml_cgraph * cgraph,
     }
     std::fclose(f);
     ++written;
+}
+
+namespace {
+struct period_marks {
+    const char *                         path = nullptr;
+    std::mutex                           mutex;
+    std::vector<std::pair<int64_t, int>> marks;
+
+    period_marks() {
+        const char * p = std::getenv("GGML_FLASHRT_PERIODS");
+        if (p != nullptr && *p != '\0') {
+            path = p;
+            marks.reserve(1 << 16);
+        }
+    }
+
+    ~period_marks() {
+        if (path == nullptr) {
+            return;
+        }
+        std::FILE * f = std::fopen(path, "w");
+        if (f == nullptr) {
+            std::fprintf(stderr, "FlashRT: cannot write GGML_FLASHRT_PERIODS=%s\n", path);
+            return;
+        }
+        std::fprintf(f, "# flashrt-periods 1\n");
+        for (const auto & [ns, node_loop] : marks) {
+            std::fprintf(f, "%lld %d\n", (long long) ns, node_loop);
+        }
+        std::fclose(f);
+    }
+};
+
+period_marks & periods() {
+    static period_marks p;
+    return p;
+}
+}  // namespace
+
+void flashrt_mark_graph_compute(bool node_loop) {
+    period_marks & p = periods();
+    if (p.path == nullptr) {
+        return;
+    }
+    const int64_t ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.marks.emplace_back(ns, node_loop ? 1 : 0);
 }
 
 namespace {

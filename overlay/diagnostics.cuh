@@ -7,6 +7,7 @@
 //   FRT_STATS=1                 at exit: per-window hits, nodes covered, total nodes, repack cache
 //   GGML_FLASHRT_LAUNCH_LOG=<file>  the weight-reading launches windows make (flashrt_log_launch)
 //   GGML_FLASHRT_EXACT_TRACE=<file> each exact GEMV block's phases in decode (frt_gemv_trace)
+//   GGML_FLASHRT_PERIODS=<file>     the host time of every graph compute call (flashrt_mark_graph_compute)
 
 #include "registry.cuh"
 
@@ -62,3 +63,11 @@ bool flashrt_exact_trace_on();
 // The launch whose first segment reads `w`: its window and weights' names, for the file.
 void flashrt_exact_trace_name(const void * w, const char * window, const std::string & weights);
 void flashrt_exact_trace_write();
+
+// GGML_FLASHRT_PERIODS=<file>: the host time of each graph compute call and whether ggml-cuda runs
+// its node loop for it (a capture or a direct evaluation) or replays a captured graph, written when
+// the process exits (`# flashrt-periods 1`, then `NS NODE_LOOP` a call, NS on the steady clock).
+// Marked before the overlay's off switch is read, so a stock run of the same binary
+// (GGML_CUDA_FLASHRT_DISABLE=1) is measured the same way. Call to call is a decode step's whole
+// period, host work included, without a tracer: `cargo xtask profile` reads it from its untraced runs.
+void flashrt_mark_graph_compute(bool node_loop);

@@ -306,6 +306,7 @@ uint64_t flashrt_evaluation() {
 
 bool ggml_cuda_flashrt_begin_graph(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, bool node_loop) {
     GGML_UNUSED(ctx);  // windows prepare in the node loop now
+    flashrt_mark_graph_compute(node_loop);  // stock's calls too (GGML_FLASHRT_PERIODS)
     if (runtime().disabled) {
         return true;
     }

@@ -5,6 +5,7 @@
 
 mod kernel_name;
 mod launch_log;
+mod periods;
 mod report;
 mod trace;
 mod weights;
@@ -27,7 +28,9 @@ use crate::toolchain::{self, CudaChoice, Provision};
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Each setting runs llama-bench (-ngl 99 -fa 1 -p 0 -n TOKENS) three times in its own process: \
-without tracing (3 repetitions: the tok/s to quote), under bench/tools/cupti-trace.cpp, a CUPTI \
+without tracing (3 repetitions: the tok/s to quote; GGML_FLASHRT_PERIODS has the overlay's hook \
+note each graph compute call's host time, stock's too, so the untraced step period is known: its \
+median, its mean, what the first steps of a repetition cost), under bench/tools/cupti-trace.cpp, a CUPTI \
 injection library (CUDA_INJECTION64_PATH) that records every kernel, memcpy and memset, CUDA \
 graph replays included (1 repetition; tracing slows the run, kernel durations hold), and under \
 the same library at graph level (FRT_CUPTI_LEVEL=graphs: one record a graph launch, nearly \
@@ -150,6 +153,9 @@ pub struct SettingRun {
     /// The graph-level trace's file name and its run's tok/s (none in profiles saved before it).
     #[serde(default)]
     pub graph_trace: Option<String>,
+    /// The untraced run's GGML_FLASHRT_PERIODS file (none in profiles saved before it).
+    #[serde(default)]
+    pub periods: Option<String>,
     #[serde(default)]
     pub graph_ts: Vec<f64>,
 }
@@ -161,6 +167,8 @@ const PROFILED_REPS: u32 = 1;
 const TRACE_ENV: &str = "FRT_CUPTI_TRACE";
 /// The injection library's level: kernels (its default) or graphs.
 const LEVEL_ENV: &str = "FRT_CUPTI_LEVEL";
+/// Where the overlay notes each graph compute call's host time (overlay/diagnostics.cuh).
+const PERIODS_ENV: &str = "GGML_FLASHRT_PERIODS";
 /// Where the overlay logs its windows' weight-reading launches (overlay/diagnostics.cuh).
 const LAUNCH_LOG_ENV: &str = "GGML_FLASHRT_LAUNCH_LOG";
 
@@ -269,7 +277,37 @@ pub fn run(sh: &Shell, project: &Project, args: ProfileArgs) -> Result<()> {
                 .with_context(|| format!("the {} graph-level trace {}", s.name, path.display()))
         })
         .collect::<Result<Vec<_>>>()?;
-    let profile = report::analyse(&inputs, &traces, &graph_traces, &launches, &windows)?;
+    // The untraced runs' periods; a file the run did not write (a build without the mark) or
+    // calls that do not split into the repetitions leave the rows empty, and the report says why.
+    let periods: Vec<Result<periods::Periods, String>> = inputs
+        .settings
+        .iter()
+        .map(|s| {
+            let file = s
+                .periods
+                .as_ref()
+                .ok_or("the profile was saved without them")?;
+            let path = dir.join(file);
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                format!(
+                    "{}: {e} (a build without GGML_FLASHRT_PERIODS?)",
+                    path.display()
+                )
+            })?;
+            periods::parse(&text)
+                .and_then(|marks| {
+                    periods::summarise(&marks, inputs.tokens as usize, UNPROFILED_REPS as usize)
+                })
+                .map_err(|e| format!("{}: {e:#}", path.display()))
+        })
+        .collect();
+    let mut profile = report::analyse(&inputs, &traces, &graph_traces, &launches, &windows)?;
+    for (setting, periods) in profile.settings.iter_mut().zip(periods) {
+        match periods {
+            Ok(p) => setting.periods = Some(p),
+            Err(why) => setting.periods_missing = Some(why),
+        }
+    }
     let out = project.root.join("bench/results").join(bench::result_stem(
         &inputs.date,
         &inputs.commit,
@@ -339,13 +377,21 @@ fn measure(
     let mut runs = Vec::new();
     for (name, env) in settings(args.window_off.as_deref()) {
         step(format!("{name}: llama-bench tg{}", args.tokens));
+        let periods_file = format!("{}.periods", name.replace(' ', "-"));
+        let periods_path = dir.join(&periods_file);
+        if periods_path.exists() {
+            std::fs::remove_file(&periods_path)
+                .with_context(|| format!("removing the old {}", periods_path.display()))?;
+        }
+        let mut untraced = env.clone();
+        untraced.push((PERIODS_ENV.into(), utf8(&periods_path)?));
         let unprofiled_ts = bench::llama_bench(
             &bin,
             &prepared.model,
             &test,
             UNPROFILED_REPS,
             &Split::default(),
-            &env,
+            &untraced,
         )
         .with_context(|| format!("the {name} run"))?;
         let file = format!("{}.trace", name.replace(' ', "-"));
@@ -425,6 +471,7 @@ fn measure(
             launch_log,
             graph_trace: Some(graph_file),
             graph_ts,
+            periods: Some(periods_file),
         });
     }
     let inputs = Inputs {
@@ -770,6 +817,7 @@ mod tests {
             launch_log: None,
             graph_trace: None,
             graph_ts: Vec::new(),
+            periods: None,
         };
         let inputs = Inputs {
             date: "2026-11-30".into(),

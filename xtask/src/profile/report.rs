@@ -55,6 +55,9 @@ pub struct SettingProfile {
     /// The graph-level run's tok/s and steps (none in profiles saved before it).
     pub graph_ts: Option<f64>,
     pub graph_level: Option<trace::GraphTimes>,
+    /// The untraced run's step periods, or why there are none.
+    pub periods: Option<super::periods::Periods>,
+    pub periods_missing: Option<String>,
     pub families: Vec<FamilyStats>,
     pub weights: Vec<WeightStats>,
     pub unattributed: Vec<Unattributed>,
@@ -347,6 +350,8 @@ pub fn analyse_setting(
         period_us: (!periods.is_empty()).then(|| bench::median(&periods)),
         graph_ts: None,
         graph_level: None,
+        periods: None,
+        periods_missing: None,
         families: family_stats,
         weights: weight_stats,
         unattributed: unattributed
@@ -551,6 +556,35 @@ pub fn markdown(p: &Profile) -> String {
     out.push_str(&line("kernels per step", &|x| {
         x.kernels_per_step.to_string()
     }));
+    let period = |f: fn(&super::periods::Periods) -> String| {
+        move |x: &SettingProfile| x.periods.as_ref().map_or("-".to_owned(), f)
+    };
+    out.push_str(&line(
+        "untraced: median step period µs (call to call)",
+        &period(|p| format!("{:.1}", p.median_us)),
+    ));
+    out.push_str(&line(
+        "untraced: mean step period µs (what tok/s pays)",
+        &period(|p| format!("{:.1}", p.mean_us)),
+    ));
+    out.push_str(&line(
+        "untraced: periods over twice the median a run, their excess µs a step",
+        &period(|p| format!("{:.1}, {:.1}", p.long, p.long_excess_us)),
+    ));
+    out.push_str(&line(
+        "untraced: a run's first steps µs",
+        &period(|p| {
+            p.first_us
+                .iter()
+                .map(|v| format!("{v:.0}"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        }),
+    ));
+    out.push_str(&line(
+        "untraced: node-loop calls a run (captures, direct steps)",
+        &period(|p| format!("{:.1}", p.node_loop_calls)),
+    ));
     out.push_str(&line("GPU busy µs", &|x| format!("{:.1}", x.busy_us)));
     out.push_str(&line("idle µs inside the step", &|x| {
         format!("{:.1}", x.idle_us)
@@ -642,6 +676,9 @@ pub fn markdown(p: &Profile) -> String {
                 "{} records outside CUDA graphs (warm-up, input and output copies)",
                 x.outside_graphs
             ));
+        }
+        if let Some(why) = &x.periods_missing {
+            notes.push(format!("no untraced periods: {why}"));
         }
         if let Some(g) = x.graph_level.as_ref().filter(|g| !g.long_gaps.is_empty()) {
             let listed: Vec<String> = g
@@ -1138,6 +1175,7 @@ mod tests {
             launch_log: None,
             graph_trace: None,
             graph_ts: Vec::new(),
+            periods: None,
         }
     }
 
@@ -1278,6 +1316,16 @@ mod tests {
         let mut overlay =
             analyse_setting(&run("overlay"), &trace, None, &tensors(), &windows(), 4.0).unwrap();
         overlay.graph_ts = Some(300.0);
+        overlay.periods = Some(super::super::periods::Periods {
+            reps: 3,
+            median_us: 2600.0,
+            mean_us: 2700.0,
+            node_loop_calls: 2.0,
+            long: 1.0,
+            long_excess_us: 80.0,
+            first_us: vec![5000.0, 2600.0],
+        });
+        stock.periods_missing = Some("a build without GGML_FLASHRT_PERIODS?".into());
         overlay.graph_level = Some(trace::GraphTimes {
             launches: 4,
             span_us: 7.0,
@@ -1323,6 +1371,18 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| kernels per step | 3 | 3 |"), "{md}");
+        assert!(
+            md.contains("| untraced: mean step period µs (what tok/s pays) | - | 2700.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| untraced: a run's first steps µs | - | 5000 / 2600 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("no untraced periods: a build without GGML_FLASHRT_PERIODS?"),
+            "{md}"
+        );
         // Graph-level rows: "-" for a setting without a graph-level trace.
         assert!(
             md.contains("| graph-level: between steps µs (host work, copies) | - | 2.5 |"),
