@@ -3,11 +3,11 @@
 //
 // Loaded by the CUDA driver through CUDA_INJECTION64_PATH (it calls InitializeInjection when the
 // process initialises CUDA); writes to the file named by FRT_CUPTI_TRACE. FRT_CUPTI_LEVEL=graphs
-// records one record a CUDA graph launch instead of its kernels (and the copies), which costs the
-// traced run almost nothing: the step's untraced GPU span and the host time between steps, which
-// a kernel-level trace (~1.5 us of CUPTI's cost a kernel) cannot give. Built by xtask with the
-// C++ compiler of the llama.cpp build against the toolkit's CUPTI (extras/CUPTI, or the
-// nvidia-cuda-cupti wheel).
+// records one record a CUDA graph launch instead of its kernels, with the copies and the CUDA
+// runtime calls (a few hundred a step): the step's GPU span without per-kernel tracing and what the
+// host does between steps, which a kernel-level trace (CUPTI's cost on every kernel) cannot give.
+// Built by xtask with the C++ compiler of the llama.cpp build against the toolkit's CUPTI
+// (extras/CUPTI, or the nvidia-cuda-cupti wheel).
 //
 // Format, one record per line, fields separated by one space (times in ns, CUPTI's clock):
 //   # flashrt-cupti-trace 1
