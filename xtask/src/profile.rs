@@ -33,9 +33,9 @@ note each graph compute call's host time, stock's too, so the untraced step peri
 median, its mean, what the first steps of a repetition cost), under bench/tools/cupti-trace.cpp, a CUPTI \
 injection library (CUDA_INJECTION64_PATH) that records every kernel, memcpy and memset, CUDA \
 graph replays included (1 repetition; tracing slows the run, kernel durations hold), and under \
-the same library at graph level (FRT_CUPTI_LEVEL=graphs: one record a graph launch, nearly \
-free): the step's GPU span without per-kernel tracing and the time between steps, host work and \
-copies, that tok/s pays beside the kernels. Settings: \
+the same library at graph level (FRT_CUPTI_LEVEL=graphs: one record a graph launch, with the \
+copies and the CUDA runtime calls, whose records slow the host a little): the step's GPU span \
+without per-kernel tracing and the time between steps, host work and copies. Settings: \
 stock (GGML_CUDA_FLASHRT_DISABLE=1), overlay, and with --window-off NAME the overlay with \
 GGML_FLASHRT_NO_<NAME>=1.
 
@@ -153,11 +153,11 @@ pub struct SettingRun {
     /// The graph-level trace's file name and its run's tok/s (none in profiles saved before it).
     #[serde(default)]
     pub graph_trace: Option<String>,
+    #[serde(default)]
+    pub graph_ts: Vec<f64>,
     /// The untraced run's GGML_FLASHRT_PERIODS file (none in profiles saved before it).
     #[serde(default)]
     pub periods: Option<String>,
-    #[serde(default)]
-    pub graph_ts: Vec<f64>,
 }
 
 const INPUTS: &str = "inputs.json";
