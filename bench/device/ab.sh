@@ -50,7 +50,7 @@ profile() {  # NAME [ENV=VALUE ...]: cargo xtask profile under the settings, its
     local results
     results=$(results_dir "$out/profile-$name.log")
     [ -n "$results" ] && tar -czf "$out/profile-$name.tgz" -C "$(dirname "$results")" "$(basename "$results")"
-    say "profile $name: $(grep -E 'kernels per step|GPU busy' "$out/profile-$name.log" | tr -s ' ' | tr '\n' ' ')"
+    say "profile $name: $(grep -E 'kernels per step|GPU busy|untraced: (median|mean)|a run.s first steps|between steps µs|GPU span of a step' "$out/profile-$name.log" | tr -s ' ' | tr '\n' ' ')"
 }
 
 parity() {  # MODEL [NAME ENV=VALUE ...]: cargo xtask parity, under the settings when given
