@@ -377,12 +377,7 @@ fn measure(
     let mut runs = Vec::new();
     for (name, env) in settings(args.window_off.as_deref()) {
         step(format!("{name}: llama-bench tg{}", args.tokens));
-        let periods_file = format!("{}.periods", name.replace(' ', "-"));
-        let periods_path = dir.join(&periods_file);
-        if periods_path.exists() {
-            std::fs::remove_file(&periods_path)
-                .with_context(|| format!("removing the old {}", periods_path.display()))?;
-        }
+        let (periods_file, periods_path) = fresh_file(&dir, &name, "periods")?;
         let mut untraced = env.clone();
         untraced.push((PERIODS_ENV.into(), utf8(&periods_path)?));
         let unprofiled_ts = bench::llama_bench(
@@ -394,27 +389,20 @@ fn measure(
             &untraced,
         )
         .with_context(|| format!("the {name} run"))?;
-        let file = format!("{}.trace", name.replace(' ', "-"));
-        let path = dir.join(&file);
-        if path.exists() {
-            std::fs::remove_file(&path)
-                .with_context(|| format!("removing the old {}", path.display()))?;
-        }
+        let (file, path) = fresh_file(&dir, &name, "trace")?;
         let mut traced = env.clone();
         traced.push(("CUDA_INJECTION64_PATH".into(), utf8(&library)?));
         traced.push((TRACE_ENV.into(), utf8(&path)?));
         let overlay = env
             .iter()
             .any(|(k, v)| k == "GGML_CUDA_FLASHRT_DISABLE" && v == "0");
-        let launch_log = overlay.then(|| format!("{}.launches", name.replace(' ', "-")));
-        if let Some(log) = &launch_log {
-            let log = dir.join(log);
-            if log.exists() {
-                std::fs::remove_file(&log)
-                    .with_context(|| format!("removing the old {}", log.display()))?;
-            }
-            traced.push((LAUNCH_LOG_ENV.into(), utf8(&log)?));
-        }
+        let launch_log = if overlay {
+            let (log, log_path) = fresh_file(&dir, &name, "launches")?;
+            traced.push((LAUNCH_LOG_ENV.into(), utf8(&log_path)?));
+            Some(log)
+        } else {
+            None
+        };
         step(format!("{name}: llama-bench tg{} traced", args.tokens));
         let profiled_ts = bench::llama_bench(
             &bin,
@@ -433,12 +421,7 @@ fn measure(
                 library.display()
             );
         }
-        let graph_file = format!("{}.graphs.trace", name.replace(' ', "-"));
-        let graph_path = dir.join(&graph_file);
-        if graph_path.exists() {
-            std::fs::remove_file(&graph_path)
-                .with_context(|| format!("removing the old {}", graph_path.display()))?;
-        }
+        let (graph_file, graph_path) = fresh_file(&dir, &name, "graphs.trace")?;
         let mut graph_traced = env.clone();
         graph_traced.push(("CUDA_INJECTION64_PATH".into(), utf8(&library)?));
         graph_traced.push((TRACE_ENV.into(), utf8(&graph_path)?));
@@ -495,6 +478,18 @@ fn measure(
         note(format!("traces and inputs kept in {}", dir.display()));
     }
     Ok((inputs, dir, scratch))
+}
+
+/// A setting's file `<name>.<suffix>` in `dir` (spaces as dashes), an older one removed: its name
+/// (for inputs.json) and its path.
+fn fresh_file(dir: &Path, setting: &str, suffix: &str) -> Result<(String, PathBuf)> {
+    let file = format!("{}.{suffix}", setting.replace(' ', "-"));
+    let path = dir.join(&file);
+    if path.exists() {
+        std::fs::remove_file(&path)
+            .with_context(|| format!("removing the old {}", path.display()))?;
+    }
+    Ok((file, path))
 }
 
 /// CUPTI's header directory and library file.

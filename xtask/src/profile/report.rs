@@ -595,8 +595,8 @@ pub fn markdown(p: &Profile) -> String {
     out.push_str(&line("step period µs (launch to launch)", &|x| {
         opt(x.period_us, |v| format!("{v:.1}"))
     }));
-    let graph = |f: fn(&trace::GraphTimes) -> f64| {
-        move |x: &SettingProfile| opt(x.graph_level.as_ref().map(f), |v| format!("{v:.1}"))
+    let graph = |f: fn(&trace::GraphTimes) -> Option<f64>| {
+        move |x: &SettingProfile| opt(x.graph_level.as_ref().and_then(f), |v| format!("{v:.1}"))
     };
     out.push_str(&line(
         "tok/s traced at graph level (one record a graph launch)",
@@ -604,23 +604,23 @@ pub fn markdown(p: &Profile) -> String {
     ));
     out.push_str(&line(
         "graph-level: GPU span of a step µs",
-        &graph(|g| g.span_us),
+        &graph(|g| Some(g.span_us)),
     ));
     out.push_str(&line(
         "graph-level: between steps µs (host work, copies)",
-        &graph(|g| g.gap_us),
+        &graph(|g| Some(g.gap_us)),
     ));
     out.push_str(&line(
         "graph-level: copies between steps µs",
-        &graph(|g| g.copies_us),
+        &graph(|g| Some(g.copies_us)),
     ));
     out.push_str(&line(
         "graph-level: step period µs",
-        &graph(|g| g.period_us),
+        &graph(|g| Some(g.period_us)),
     ));
     out.push_str(&line(
         "graph-level: mean step period µs (what tok/s pays)",
-        &graph(|g| g.mean_period_us),
+        &graph(|g| Some(g.mean_period_us)),
     ));
     out.push_str(&line(
         "graph-level: gaps over twice the median, and their excess µs a step",
@@ -629,24 +629,21 @@ pub fn markdown(p: &Profile) -> String {
             None => "-".to_owned(),
         },
     ));
-    let host = |f: fn(&trace::GraphTimes) -> Option<f64>| {
-        move |x: &SettingProfile| opt(x.graph_level.as_ref().and_then(f), |v| format!("{v:.1}"))
-    };
     out.push_str(&line(
         "graph-level: the host's synchronize returns, µs after the step's end",
-        &host(|g| g.sync_returned_us),
+        &graph(|g| g.sync_returned_us),
     ));
     out.push_str(&line(
         "graph-level: the next cudaGraphLaunch called, µs after the step's end",
-        &host(|g| g.launch_called_us),
+        &graph(|g| g.launch_called_us),
     ));
     out.push_str(&line(
         "graph-level: cudaGraphLaunch call µs",
-        &host(|g| g.launch_call_us),
+        &graph(|g| g.launch_call_us),
     ));
     out.push_str(&line(
         "graph-level: from that call to the GPU's start µs",
-        &host(|g| g.launch_to_start_us),
+        &graph(|g| g.launch_to_start_us),
     ));
     out.push_str(&line("weights read per step (attributed)", &|x| {
         format!("{:.3} GB", x.weight_bytes / 1e9)
