@@ -1,10 +1,14 @@
 #include "counters.cuh"
 
+#include "moe-ffn-tail.cuh"
+#include "q8-x.cuh"
+
 #include <map>
 #include <mutex>
 
-// Slices, in the order of flashrt_counter_use.
-static constexpr int counters_size[] = { 256, 2048 };
+// Slices, in the order of flashrt_counter_use (each a multiple of 4: every slice 16-byte aligned).
+static constexpr int counters_size[] = { 256, 2048, frt_x_q8_bytes(FRT_MOE_TAIL_NORM_MAX_EMBD) / 4 };
+static constexpr int counters_uses   = (int) (sizeof(counters_size) / sizeof(counters_size[0]));
 
 int flashrt_counters_size(flashrt_counter_use use) {
     return counters_size[(int) use];
@@ -35,8 +39,7 @@ bool flashrt_counters_prepare(ggml_backend_cuda_context & ctx) {
         return true;
     }
     ggml_cuda_set_device(ctx.device);
-    const size_t bytes = counters_offset(flashrt_counter_use::moe_tail) * sizeof(unsigned) +
-                         flashrt_counters_size(flashrt_counter_use::moe_tail) * sizeof(unsigned);  // the last slice's end
+    const size_t bytes = counters_offset((flashrt_counter_use) counters_uses) * sizeof(unsigned);  // the last slice's end
     unsigned *   p     = nullptr;
     // Zeroed on the stream the kernels run on: prepared in the node loop, just before them.
     if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemsetAsync(p, 0, bytes, ctx.stream()) != cudaSuccess) {

@@ -1,15 +1,18 @@
 #pragma once
 
-// Device counters that window kernels count on and leave at zero (a "last block finishes the work"
-// pattern: the MoE tail in the experts' down launch; GDN's one-launch flags). One array per
-// backend context, each use its own slice; allocated and zeroed by a window's prepare hook (never
-// under CUDA graph capture), freed with the context.
+// Device memory that window kernels keep per backend context: counters they count on and leave at
+// zero (a "last block finishes the work" pattern: the MoE tail in the experts' down launch; GDN's
+// one-launch flags), and the norm handoff's image (a kernel hands the next launch its input
+// already normed and quantized: frt_gemv_args::x_q8). One array per context, each use its own
+// slice; allocated and zeroed by a window's prepare hook (never under CUDA graph capture), freed
+// with the context.
 
 #include "common.cuh"
 
 enum class flashrt_counter_use {
     gdn_flags,    // GDN's one launch: one per key head (at most 256)
     moe_tail,     // one per 4 rows of an FFN's output (n_embd up to 8192)
+    norm_handoff, // not counters: one vector's x_q8 image (FRT_MOE_TAIL_NORM_MAX_EMBD), 16-byte aligned
 };
 
 // Counters of `use` in the slice (how many the kernel may touch).

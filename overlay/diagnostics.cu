@@ -95,6 +95,9 @@ struct stats_at_exit {
                      (unsigned long long) stats.repack_tensors.load(), stats.repack_bytes.load() / (1024.0 * 1024.0),
                      (unsigned long long) stats.repack_per_use.load(), (unsigned long long) stats.repack_refused.load(),
                      stats.repack_refused_bytes.load() / (1024.0 * 1024.0));
+        std::fprintf(stderr, "FlashRT stats: norm handoff: %llu GEMV launch(es) took their input normed and quantized "
+                     "by the kernel before (GGML_FLASHRT_NORM_HANDOFF=0: off)\n",
+                     (unsigned long long) stats.handoffs.load());
         std::fprintf(stderr, "FlashRT stats: %s\n", frt_fa4_summary());
         std::fprintf(stderr, "FlashRT stats: counts are per captured graph; CUDA graph replays reuse them\n");
     }

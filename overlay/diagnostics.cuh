@@ -35,6 +35,7 @@ struct flashrt_stats {
     std::atomic<uint64_t> repack_per_use{ 0 };  // conversions made at run time instead (not cached)
     std::atomic<uint64_t> repack_refused{ 0 };  // weights not cached for want of free device memory
     std::atomic<uint64_t> repack_refused_bytes{ 0 };
+    std::atomic<uint64_t> handoffs{ 0 };        // GEMV launches that took their input normed and quantized (x_q8)
 };
 
 bool flashrt_debug_enabled();

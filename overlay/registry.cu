@@ -51,7 +51,7 @@ static const flashrt_window flashrt_registry[] = {
       flashrt_match_moe_topk, flashrt_run_moe_topk, nullptr, flashrt_run_claimed_moe_topk },
     // safe: measured with ROUTER (above).
     { "MOE_TAIL", flashrt_tier::safe, 900, { GGML_OP_MUL, GGML_OP_COUNT },
-      flashrt_match_moe_tail, flashrt_run_moe_tail, nullptr },
+      flashrt_match_moe_tail, flashrt_run_moe_tail, flashrt_prepare_moe_tail },
     // safe: measured with MOE_TOPK (above). At RMS_NORM after the norm packs, which take only norms
     // that matvecs read: q's and k's are left.
     { "ATTN_ROPE", flashrt_tier::safe, 900, { GGML_OP_RMS_NORM, GGML_OP_COUNT },

@@ -793,6 +793,73 @@ static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & p
     }
 }
 
+static bool norm_handoff_enabled() {
+    static const bool enabled = [] {
+        const char * v = std::getenv("GGML_FLASHRT_NORM_HANDOFF");
+        return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
+    return enabled;
+}
+
+// The last handoff of this thread's node loop: which norm of which evaluation its image holds.
+struct norm_handoff_note {
+    const ggml_backend_cuda_context * ctx        = nullptr;
+    const ggml_cgraph *               cgraph     = nullptr;
+    uint64_t                          evaluation = 0;
+    int                               norm       = -1;
+    const void *                      image      = nullptr;
+};
+static thread_local norm_handoff_note handoff_note;
+
+bool flashrt_gemv_handoff_wanted(const ggml_cgraph * cgraph, int norm, const float ** weight, float * eps) {
+    if (!norm_handoff_enabled()) {
+        return false;
+    }
+    flashrt_gemv_pack pack;
+    if (flashrt_gemv_match_norm_pack(cgraph, norm, pack) != nullptr) {
+        return false;
+    }
+    const bool taken = (flashrt_window_enabled("INPROJ") && flashrt_gemv_pack_reads(cgraph, pack, "INPROJ")) ||
+                       (flashrt_window_enabled("ATTNQKV") && flashrt_gemv_pack_reads(cgraph, pack, "ATTNQKV"));
+    if (!taken) {
+        return false;
+    }
+    frt_gemv_args a;
+    fill_args(cgraph, pack, a);
+    if (a.n_segments == 0 || pack_kernel(cgraph, pack, a) != FRT_GEMV_KERNEL_EXACT) {
+        return false;
+    }
+    alignas(16) static const uint8_t any_image[16] = {};  // only its presence and alignment are checked
+    a.x_q8 = any_image;
+    if (frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {
+        return false;
+    }
+    *weight = a.norm;
+    *eps    = a.eps;
+    return true;
+}
+
+void flashrt_gemv_hand_off(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm,
+                           const void * image) {
+    handoff_note = { &ctx, cgraph, flashrt_evaluation(), norm, image };
+}
+
+// The image of the pack's norm, when the kernel before handed it off in this evaluation.
+static void take_handoff(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
+                         const flashrt_gemv_pack & pack, frt_gemv_args & a) {
+    const norm_handoff_note & h = handoff_note;
+    if (pack.norm < 0 || h.image == nullptr || h.ctx != &ctx || h.cgraph != cgraph || h.norm != pack.norm ||
+        h.evaluation != flashrt_evaluation()) {
+        return;
+    }
+    a.x_q8 = h.image;
+    if (frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {
+        a.x_q8 = nullptr;
+        return;
+    }
+    flashrt_global_stats().handoffs++;
+}
+
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                            const char * window) {
     frt_gemv_args a;
@@ -806,6 +873,7 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
     } else {
         add_guess(cgraph, pack, a);
         add_prefetch(cgraph, pack, a);
+        take_handoff(ctx, cgraph, pack, a);
     }
     bool tail_apart = false;
     if (a.tail.out != nullptr) {
@@ -817,7 +885,7 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
     }
     FLASHRT_CHECK(window, frt_gemv(a, ctx.stream(), kernel));
     if (tail_apart) {
-        flashrt_run_moe_tail_at(ctx, cgraph, pack.tail);
+        flashrt_run_moe_tail_at(ctx, cgraph, pack.tail, false);
     }
     if (flashrt_launch_log_enabled() || flashrt_exact_trace_on()) {
         log_launch(cgraph, pack, a, window);

@@ -1,5 +1,8 @@
 #include "moe-tail.cuh"
+#include "gemv-pack.cuh"
 #include "window-util.cuh"
+
+#include "../counters.cuh"
 
 #include "moe-ffn-tail.cuh"
 
@@ -134,7 +137,26 @@ flashrt_match flashrt_match_moe_tail(const ggml_cgraph * cgraph, int i) {
     return flashrt_hit(r.end + 1 - i);
 }
 
-void flashrt_run_moe_tail_at(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
+// The norm that reads the run's output right after it (the next layer's input norm), when the pack
+// at that norm takes its input quantized (the norm handoff, gemv-pack.cuh): its node, weight and
+// eps; else -1. The tail kernel then norms and quantizes one token's output in one block of 1024
+// threads (frt_moe_tail_args::x_q8).
+static int handoff_norm(const ggml_cgraph * cgraph, const flashrt_moe_tail_run & r, const float ** weight,
+                        float * eps) {
+    const int64_t n_embd = r.out->ne[0];
+    if (r.tokens != 1 || n_embd % 128 != 0 || n_embd < 1024 || n_embd > FRT_MOE_TAIL_NORM_MAX_EMBD) {
+        return -1;
+    }
+    for (int j = r.end + 1; j < cgraph->n_nodes && j <= r.end + 4; ++j) {
+        const ggml_tensor * t = cgraph->nodes[j];
+        if (t->op == GGML_OP_RMS_NORM && t->src[0] == r.out) {
+            return flashrt_gemv_handoff_wanted(cgraph, j, weight, eps) && (uintptr_t) *weight % 16 == 0 ? j : -1;
+        }
+    }
+    return -1;
+}
+
+void flashrt_run_moe_tail_at(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, bool hand_off) {
     flashrt_moe_tail_run r;
     const char * miss = moe_tail_collect(cgraph, i, r);
     GGML_ASSERT(miss == nullptr);
@@ -156,10 +178,30 @@ void flashrt_run_moe_tail_at(ggml_backend_cuda_context & ctx, const ggml_cgraph 
     a.residual_token    = r.residual->nb[1] / f;
     a.out               = (float *) r.out->data;
     a.out_token         = r.out->nb[1] / f;
+    const float * norm_w = nullptr;
+    float         eps    = 0.0f;
+    const int     norm   = hand_off ? handoff_norm(cgraph, r, &norm_w, &eps) : -1;
+    void *        image  = norm >= 0 ? flashrt_counters_of(ctx, flashrt_counter_use::norm_handoff) : nullptr;
+    if (image != nullptr) {  // none when no direct evaluation prepared the context's counters
+        a.norm_w   = norm_w;
+        a.norm_eps = eps;
+        a.x_q8     = image;
+    }
     FLASHRT_CHECK("MOE_TAIL", frt_moe_tail(a, ctx.stream()));
+    if (image != nullptr) {
+        flashrt_gemv_hand_off(ctx, cgraph, norm, image);
+    }
 }
 
 void flashrt_run_moe_tail(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
     GGML_UNUSED(m);
-    flashrt_run_moe_tail_at(ctx, cgraph, i);
+    flashrt_run_moe_tail_at(ctx, cgraph, i, true);
+}
+
+void flashrt_prepare_moe_tail(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
+                              const flashrt_match & m) {
+    GGML_UNUSED(cgraph);
+    GGML_UNUSED(i);
+    GGML_UNUSED(m);
+    flashrt_counters_prepare(ctx);  // the norm handoff's image; without it the tail hands nothing off
 }

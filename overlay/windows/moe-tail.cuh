@@ -28,8 +28,12 @@ struct flashrt_moe_tail_run {
 // launch, which computes the run itself where it can (MATVEC, GGML_FLASHRT_DOWN_TAIL).
 const char * flashrt_moe_tail_run_at(const ggml_cgraph * cgraph, int i, flashrt_moe_tail_run & r);
 
-// The run at node i (a hit of flashrt_moe_tail_run_at) in its own kernel.
-void flashrt_run_moe_tail_at(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i);
+// The run at node i (a hit of flashrt_moe_tail_run_at) in its own kernel; with `hand_off`, at one
+// token, the kernel also hands the next layer's norm-fed pack its input normed and quantized where
+// that pack takes it (the norm handoff, gemv-pack.cuh).
+void flashrt_run_moe_tail_at(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, bool hand_off);
 
 flashrt_match flashrt_match_moe_tail(const ggml_cgraph * cgraph, int i);
 void flashrt_run_moe_tail(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
+void flashrt_prepare_moe_tail(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
+                              const flashrt_match & m);

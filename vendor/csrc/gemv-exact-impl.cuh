@@ -77,6 +77,7 @@ struct exact_params {
     int           k, n_vec;
     float *       x_out;
     int64_t       x_out_stride;
+    const uint8_t * x_q8;  // frt_gemv_args::x_q8: x normed and quantized by the kernel before
     int           n_segments, rows_per_block, smem_xm, smem_xf, smem_part, smem_stage;
     int           need_q8, need_f32;
     int           f32_block;  // mmvf's block size for k columns
@@ -566,8 +567,27 @@ static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int
 // block's vector `vec` (or its segment's own input), unless the launch keeps the normed vectors
 // (block 0 writes them all).
 // Returns where vec is among the vectors in shared memory.
-template <bool TRACE>
+// X_Q8: the instance takes x_q8 (not the SwiGLU one: its code there made ptxas spill 72 bytes).
+template <bool TRACE, bool X_Q8>
 static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem, const float * own_x) {
+    if (X_Q8 && p.x_q8 != nullptr) {
+        // The image lies as the prologue would write it (one vector: xq, then xm at smem_xm = k):
+        // one 16-byte load a thread, from L2 (the kernel before wrote it).
+        const int4 * image = (const int4 *) p.x_q8;
+        const int    n_q   = p.k / 16, n_units = frt_x_q8_bytes(p.k) / 16;
+        for (int u = threadIdx.x; u < n_units; u += kExactThreads) {
+            const int4 v = __ldcg(image + u);
+            if (u < n_q) {
+                ((int4 *) smem)[u] = v;
+            } else {
+                ((int4 *) (smem + p.smem_xm))[u - n_q] = v;
+            }
+        }
+        exact_trace_mark<TRACE>(kMarkNormed);
+        __syncthreads();
+        frt_pdl_launch_dependents();
+        return 0;
+    }
     const bool       all   = p.x_out != nullptr;
     const int        first = all ? 0 : vec, n = all ? p.n_vec : 1;
     const float *    x     = own_x != nullptr ? own_x : p.x + (int64_t) first * p.x_stride;
@@ -801,7 +821,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     });
     exact_trace_mark<TRACE>(kMarkIssued);
     exact_prefetch_later(p);
-    const int at = exact_prologue<TRACE>(p, vec, smem, s.x);
+    const int at = exact_prologue<TRACE, !GLU>(p, vec, smem, s.x);
     exact_trace_mark<TRACE>(kMarkPrologue);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
@@ -902,7 +922,7 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
     });
     exact_trace_mark<TRACE>(kMarkIssued);
     exact_prefetch_later(p);
-    const int at = exact_prologue<TRACE>(p, vec, smem, s.x);
+    const int at = exact_prologue<TRACE, false>(p, vec, smem, s.x);
     exact_trace_mark<TRACE>(kMarkPrologue);
     const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
     const int     lane = threadIdx.x % 32;

@@ -154,6 +154,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.n_vec        = a.tokens * a.x_per_token;
     p.x_out        = a.x_normed;
     p.x_out_stride = a.x_normed_stride;
+    p.x_q8         = (const uint8_t *) a.x_q8;
     p.n_segments   = a.n_segments;
     p.evict_first         = exact_evict_first() ? 1 : 0;
     {

@@ -5,6 +5,7 @@
 
 #include "gemv.cuh"
 #include "pdl.cuh"
+#include "q8-x.cuh"
 
 #include <cuda_fp16.h>
 
@@ -1038,9 +1039,7 @@ static __device__ void gemv_prologue_x(const gemv_x_in & p, int8_t * xq, uint2 *
                     }
                     scale = rsqrtf(__fdiv_rn(ss, (float) p.k) + p.eps);
                 }
-                const float4 nv    = ((const float4 *) p.norm)[c];
-                xv                 = make_float4(xv.x * scale * nv.x, xv.y * scale * nv.y, xv.z * scale * nv.z,
-                                                 xv.w * scale * nv.w);
+                xv = frt_norm_chunk(xv, scale, ((const float4 *) p.norm)[c]);
                 if (p.x_out != nullptr) {
                     ((float4 *) (p.x_out + v * p.x_out_stride))[c] = xv;
                 }
@@ -1049,29 +1048,7 @@ static __device__ void gemv_prologue_x(const gemv_x_in & p, int8_t * xq, uint2 *
                 ((float4 *) xf)[i] = xv;
             }
             if (p.need_q8) {
-                float amax = fmaxf(fmaxf(fabsf(xv.x), fabsf(xv.y)), fmaxf(fabsf(xv.z), fabsf(xv.w)));
-                for (int offset = 1; offset < 8; offset <<= 1) {
-                    amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, offset));
-                }
-                // Stock's quantize_q8_1, expression for expression (in the overlay build under the
-                // same -use_fast_math as ggml-cuda, so the same instructions), and its scale rounded
-                // to half as block_q8_1 stores it. Any other rounding of x, even a more exact one,
-                // moves every matvec off stock's by up to 2^-11 a block, and decode amplifies that
-                // into logits that no longer track stock's (cargo xtask parity).
-                const float d_raw = amax / 127.0f;
-                const float d     = __half2float(__float2half_rn(d_raw));
-                const int   q0    = amax == 0.0f ? 0 : (int) roundf(xv.x / d_raw);
-                const int   q1    = amax == 0.0f ? 0 : (int) roundf(xv.y / d_raw);
-                const int   q2    = amax == 0.0f ? 0 : (int) roundf(xv.z / d_raw);
-                const int   q3    = amax == 0.0f ? 0 : (int) roundf(xv.w / d_raw);
-                ((int *) xq)[i] = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (q3 & 0xff) << 24;
-                int sum = q0 + q1 + q2 + q3;
-                sum += __shfl_xor_sync(kFull, sum, 1);
-                sum += __shfl_xor_sync(kFull, sum, 2);  // lanes 8m + 0..3: values 0..15 of the block, 8m + 4..7: 16..31
-                const int hi = __shfl_xor_sync(kFull, sum, 4);
-                if (lane % 8 == 0) {
-                    xm[i / 8] = make_uint2(__float_as_uint(d), (uint32_t) (sum & 0xffff) | (uint32_t) hi << 16);
-                }
+                frt_quantize_q8_chunk(xv, i, lane, xq, xm);
             }
         }
     }

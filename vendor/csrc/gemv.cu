@@ -320,6 +320,16 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
     if (a.tokens != 1) {
         return "frt_gemv: the exact kernel takes one token";
     }
+    if (a.x_q8 != nullptr) {
+        if (a.norm == nullptr || a.x_normed != nullptr || a.x_per_token != 1 || (uintptr_t) a.x_q8 % 16 != 0) {
+            return "frt_gemv: x already quantized needs a norm, no x_normed, one vector, 16-byte alignment";
+        }
+        for (int i = 0; i < a.n_segments; ++i) {
+            if (a.seg[i].type == FRT_GEMV_F32 || a.seg[i].epilogue == FRT_GEMV_SWIGLU) {
+                return "frt_gemv: x already quantized goes without F32 weights (they read x in float) and SwiGLU";
+            }
+        }
+    }
     if (a.prefetch.n < 0 || a.prefetch.n > FRT_GEMV_MAX_PREFETCH) {
         return "frt_gemv: 0 to FRT_GEMV_MAX_PREFETCH prefetch ranges";
     }
@@ -398,6 +408,9 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
         }
         if (a.prefetch.n != 0 || a.prefetch.experts != nullptr) {
             return "frt_gemv: only the exact kernel prefetches later launches' weights";
+        }
+        if (a.x_q8 != nullptr) {
+            return "frt_gemv: only the exact kernel takes x already quantized";
         }
         for (int i = 0; i < a.n_segments; ++i) {
             if (a.seg[i].epilogue == FRT_GEMV_SWIGLU) {

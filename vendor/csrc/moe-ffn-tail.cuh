@@ -4,6 +4,7 @@
 //   moe   = sum over the n_used slots k of experts[k][c] * weights[k]   (slot 0 first)
 //   gated = shexp[c] * sigmoid(gate)
 //   out   = (moe + gated) + residual
+// and, optionally, the next layer's input norm of `out` already quantized for its matvecs.
 // Stock ggml-cuda runs it as four kernels: moe_weighted_reduction (its fused MUL + ADD chain), the
 // SIGMOID, the MUL and the fused pair of ADDs. Each value is computed with stock's expression, the
 // reduction as moe_weighted_reduction_f32 writes it and the rest rounded op by op (no contraction
@@ -33,9 +34,19 @@ struct frt_moe_tail_args {
     int64_t       residual_token;
     float *       out;       // [n_embd] at out + t*out_token
     int64_t       out_token;
+    // Optional, one token (x_q8 non-null): the output also RMS-normed as ggml-cuda's fused rms_norm
+    // + mul norms it (eps norm_eps, then times norm_w) and quantized as quantize_q8_1 quantizes it,
+    // written as frt_gemv_args::x_q8's image (q8-x.cuh), for the next launch's matvecs: the norm
+    // and the quantization leave that launch's prologue. n_embd a multiple of 128, from 1024
+    // (stock's norm block of 1024 threads) to FRT_MOE_TAIL_NORM_MAX_EMBD; norm_w and x_q8 16-byte
+    // aligned, x_q8 apart from every input.
+    const float * norm_w;
+    float         norm_eps;
+    void *        x_q8;
 };
 
 constexpr int FRT_MOE_TAIL_MAX_USED = 16;
+constexpr int FRT_MOE_TAIL_NORM_MAX_EMBD = 4096;
 
 #ifdef __CUDACC__
 // One output of the tail: slot k's expert value is expert(k). The one expression both

@@ -16,6 +16,7 @@
 
 #include "gemv.cuh"
 #include "moe-ffn-tail.cuh"
+#include "q8-x.cuh"
 #include "tests/test-gemv-reference.cuh"
 
 #include <algorithm>
@@ -1341,6 +1342,215 @@ bool run_tail_case(std::mt19937_64 & rng) {
     return ok;
 }
 
+// The norm handoff: frt_moe_tail with x_q8 (the tail's output normed as the next layer's input
+// norm and quantized) and then the pack's launch that copies that image (frt_gemv_args::x_q8),
+// against frt_moe_tail alone and the same launch with the norm in its prologue. The tail's output
+// and every row must be the same bits, while the handoff launch's x points at NaNs (it must not
+// read x); every byte of the image is poisoned first, its integer sums must be its values', and
+// its values d * q within quantization (d/2 and half's rounding of d) of the float64 normed output.
+struct handoff_case {
+    std::string                                    name;
+    int                                            n_embd;
+    bool                                           in_place;  // the tail's output over its residual
+    std::vector<std::pair<frt_gemv_type, int>>     segs;      // the pack's matrices
+};
+
+bool run_handoff_case(const handoff_case & hc, std::mt19937_64 & rng) {
+    const int   n = hc.n_embd, n_used = 8;
+    const float eps = 1e-6f;
+    std::normal_distribution<float>       normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> positive(0.0f, 1.0f), around_one(0.5f, 1.5f);
+    std::vector<float> experts((size_t) n_used * n), shexp(n), residual(n), weights(n_used), gate(1, normal(rng)), w_norm(n);
+    for (std::vector<float> * v : { &experts, &shexp, &residual }) {
+        for (float & f : *v) {
+            f = normal(rng);
+        }
+    }
+    for (float & w : weights) {
+        w = positive(rng);
+    }
+    for (float & w : w_norm) {
+        w = around_one(rng);
+    }
+    float * d_experts = upload(experts), *d_shexp = upload(shexp), *d_weights = upload(weights), *d_gate = upload(gate);
+    float * d_residual = upload(residual), *d_norm = upload(w_norm);
+    float * d_in_place = upload(residual);  // the handoff tail's residual and output when in place
+    float * d_plain    = upload_poisoned(n);
+    float * d_out      = hc.in_place ? d_in_place : upload_poisoned(n);
+    float * d_nan_x    = upload_poisoned(n);
+    const int bytes    = frt_x_q8_bytes(n);
+    uint8_t * d_image  = upload(std::vector<uint8_t>(bytes, 0xff));
+    bool      ok       = true;
+
+    frt_moe_tail_args t{};
+    t.n_embd = n, t.n_used = n_used, t.tokens = 1;
+    t.experts = d_experts, t.experts_token = (int64_t) n_used * n, t.experts_slot = n;
+    t.weights = d_weights, t.shexp = d_shexp, t.gate = d_gate, t.residual = d_residual, t.out = d_plain;
+    t.shexp_token = n, t.residual_token = n, t.out_token = n, t.weights_token = n_used, t.gate_token = 1;
+    CHECK(frt_moe_tail(t, 0));
+    frt_moe_tail_args h = t;
+    h.out = d_out, h.residual = hc.in_place ? d_in_place : d_residual;
+    h.norm_w = d_norm, h.norm_eps = eps, h.x_q8 = d_image;
+    CHECK(frt_moe_tail(h, 0));
+
+    // The pack: with the norm in the prologue over the plain tail's output, and from the image.
+    std::vector<uint8_t *> d_w;
+    std::vector<float *>   outs[2];
+    for (const auto & [type, rows] : hc.segs) {
+        const int64_t        row_bytes = gemv_ref::gguf_row_bytes(type, n);
+        std::vector<uint8_t> w((size_t) rows * row_bytes);
+        for (int r = 0; r < rows; ++r) {
+            gemv_ref::random_row(type, n, w.data() + r * row_bytes, rng);
+        }
+        d_w.push_back(upload(w));
+        outs[0].push_back(upload_poisoned(rows));
+        outs[1].push_back(upload_poisoned(rows));
+    }
+    for (int handed = 0; handed < 2 && ok; ++handed) {
+        frt_gemv_args a{};
+        a.x = handed ? d_nan_x : d_plain, a.x_stride = n, a.k = n, a.tokens = 1, a.x_per_token = 1;
+        a.norm = d_norm, a.eps = eps;
+        a.x_q8 = handed ? d_image : nullptr;
+        a.n_segments = (int) hc.segs.size();
+        for (size_t i = 0; i < hc.segs.size(); ++i) {
+            frt_gemv_segment & sg = a.seg[i];
+            sg.type = hc.segs[i].first, sg.w = d_w[i], sg.rows = hc.segs[i].second;
+            sg.row_stride = gemv_ref::gguf_row_bytes(sg.type, n), sg.out = outs[handed][i];
+        }
+        if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
+            std::printf("     %s: refused: %s\n", hc.name.c_str(), why);
+            ok = false;
+            break;
+        }
+        CHECK(frt_gemv(a, 0, FRT_GEMV_KERNEL_EXACT));
+    }
+    CHECK(cudaDeviceSynchronize());
+
+    int64_t    checked = 0, bad = 0;
+    const auto expect_same = [&](const float * got_at, const float * want_at, size_t count, const char * what) {
+        const std::vector<uint32_t> got = download((const uint32_t *) got_at, count);
+        const std::vector<uint32_t> want = download((const uint32_t *) want_at, count);
+        for (size_t i = 0; i < count; ++i) {
+            ++checked;
+            if ((got[i] != want[i] || got[i] == kPoison) && bad++ < 5) {
+                std::printf("     %s: %s[%zu] is 0x%08x, want 0x%08x\n", hc.name.c_str(), what, i, got[i], want[i]);
+            }
+        }
+    };
+    expect_same(d_out, d_plain, n, "tail output");
+    for (size_t i = 0; i < hc.segs.size(); ++i) {
+        expect_same(outs[1][i], outs[0][i], hc.segs[i].second, "row");
+    }
+    // The image against the float64 norm of the tail's output.
+    const std::vector<float>   out   = download(d_plain, n);
+    const std::vector<uint8_t> image = download(d_image, bytes);
+    double                     ss    = 0.0;
+    for (float v : out) {
+        ss += (double) v * v;
+    }
+    const double scale = 1.0 / std::sqrt(ss / n + eps);
+    for (int b = 0; b < n / 32; ++b) {
+        uint32_t d_bits, sums;
+        std::memcpy(&d_bits, image.data() + n + 8 * b, 4);
+        std::memcpy(&sums, image.data() + n + 8 * b + 4, 4);
+        float d;
+        std::memcpy(&d, &d_bits, 4);
+        double amax = 0.0, ref[32];
+        int    q_sum[2] = { 0, 0 };
+        for (int j = 0; j < 32; ++j) {
+            ref[j] = out[32 * b + j] * scale * w_norm[32 * b + j];
+            amax   = std::max(amax, std::fabs(ref[j]));
+            q_sum[j / 16] += (int8_t) image[32 * b + j];
+        }
+        const double bound = 0.6 * amax / 127.0 + 1e-5 * amax;
+        for (int j = 0; j < 32; ++j) {
+            ++checked;
+            const double got = (double) d * (int8_t) image[32 * b + j];
+            if (!(std::fabs(got - ref[j]) <= bound) && bad++ < 5) {
+                std::printf("     %s: image value %d is %g, float64 %g (bound %g)\n", hc.name.c_str(), 32 * b + j, got,
+                            ref[j], bound);
+            }
+        }
+        ++checked;
+        if ((int16_t) (sums & 0xffff) != q_sum[0] || (int16_t) (sums >> 16) != q_sum[1]) {
+            if (bad++ < 5) {
+                std::printf("     %s: block %d's sums 0x%08x, its values' %d and %d\n", hc.name.c_str(), b, sums,
+                            q_sum[0], q_sum[1]);
+            }
+        }
+    }
+    for (void * m : { (void *) d_experts, (void *) d_shexp, (void *) d_weights, (void *) d_gate, (void *) d_residual,
+                      (void *) d_norm, (void *) d_in_place, (void *) d_plain, (void *) d_nan_x, (void *) d_image }) {
+        CHECK(cudaFree(m));
+    }
+    if (!hc.in_place) {
+        CHECK(cudaFree(d_out));
+    }
+    for (size_t i = 0; i < hc.segs.size(); ++i) {
+        for (void * m : { (void *) d_w[i], (void *) outs[0][i], (void *) outs[1][i] }) {
+            CHECK(cudaFree(m));
+        }
+    }
+    ok = ok && bad == 0;
+    std::printf("%-4s %-34s exact k=%5d outputs=%9" PRId64 "  tail + image bit for bit the norm in the prologue\n",
+                ok ? "ok" : "FAIL", hc.name.c_str(), n, checked);
+    return ok;
+}
+
+// What the handoff must refuse: the tail's image for more than one token, a width its block does
+// not take or a misaligned image; a launch taking x_q8 without the exact kernel, without a norm,
+// with F32 weights or the SwiGLU epilogue.
+bool run_handoff_refusals() {
+    bool ok = true;
+    alignas(16) static float dummy[64];
+    frt_moe_tail_args t{};
+    t.n_embd = 2048, t.n_used = 8, t.tokens = 1, t.experts = dummy, t.weights = dummy, t.shexp = dummy;
+    t.gate = dummy, t.residual = dummy, t.out = dummy, t.norm_w = dummy, t.x_q8 = dummy;
+    const auto tail_refuses = [&](const char * what, frt_moe_tail_args bad) {
+        if (frt_moe_tail(bad, 0) != cudaErrorInvalidValue) {
+            std::printf("     handoff: frt_moe_tail took %s\n", what);
+            ok = false;
+        }
+        (void) cudaGetLastError();
+    };
+    frt_moe_tail_args bad = t;
+    bad.tokens = 2;
+    tail_refuses("2 tokens", bad);
+    bad = t, bad.n_embd = 768;
+    tail_refuses("768 columns", bad);
+    bad = t, bad.n_embd = FRT_MOE_TAIL_NORM_MAX_EMBD + 1024;
+    tail_refuses("too many columns", bad);
+    bad = t, bad.x_q8 = (char *) dummy + 4;
+    tail_refuses("a misaligned image", bad);
+    bad = t, bad.norm_w = nullptr;
+    tail_refuses("no norm weight", bad);
+    frt_gemv_args a{};
+    a.x = dummy, a.x_stride = 2048, a.k = 2048, a.tokens = 1, a.x_per_token = 1, a.norm = dummy, a.x_q8 = dummy;
+    a.n_segments = 1;
+    a.seg[0].type = FRT_GEMV_Q4_K, a.seg[0].w = dummy, a.seg[0].rows = 16;
+    a.seg[0].row_stride = gemv_ref::gguf_row_bytes(FRT_GEMV_Q4_K, 2048), a.seg[0].out = dummy + 32;
+    if (const char * why = frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT)) {
+        std::printf("     handoff: a plain launch refused: %s\n", why);
+        ok = false;
+    }
+    const auto gemv_refuses = [&](const char * what, const frt_gemv_args & b, frt_gemv_kernel kernel) {
+        if (frt_gemv_unsupported(b, kernel) == nullptr) {
+            std::printf("     handoff: frt_gemv took x_q8 %s\n", what);
+            ok = false;
+        }
+    };
+    gemv_refuses("with the register kernel", a, FRT_GEMV_KERNEL_REGISTERS);
+    frt_gemv_args b = a;
+    b.norm = nullptr;
+    gemv_refuses("without a norm", b, FRT_GEMV_KERNEL_EXACT);
+    b = a, b.seg[0].type = FRT_GEMV_F32, b.seg[0].row_stride = 2048 * sizeof(float);
+    gemv_refuses("with F32 weights", b, FRT_GEMV_KERNEL_EXACT);
+    b = a, b.seg[0].epilogue = FRT_GEMV_SWIGLU, b.seg[0].w_gate = dummy;
+    gemv_refuses("with the SwiGLU epilogue", b, FRT_GEMV_KERNEL_EXACT);
+    std::printf("%-4s %-34s\n", ok ? "ok" : "FAIL", "norm handoff refusals");
+    return ok;
+}
+
 bool run_refusals() {
     std::vector<float> host(4096 * 8, 1.0f);
     float *            d  = upload(host);
@@ -1723,8 +1933,21 @@ int main(int argc, char ** argv) {
         failed += run(rng) ? 0 : 1;
         ++total;
     }
-    failed += run_refusals() ? 0 : 1;
-    ++total;
+    const handoff_case handoff_cases[] = {
+        { "handoff: INPROJ-like pack", 2048, false,
+          { { FRT_GEMV_Q4_K, 300 }, { FRT_GEMV_Q4_K, 64 }, { FRT_GEMV_Q8_0, 32 }, { FRT_GEMV_Q8_0, 32 } } },
+        { "handoff: q/k/v-like, in place", 2048, true, { { FRT_GEMV_Q4_K, 256 }, { FRT_GEMV_Q6_K, 40 } } },
+        { "handoff: k=1280 (partial columns)", 1280, false, { { FRT_GEMV_Q4_K, 70 } } },
+        { "handoff: k=4096 (its widest)", 4096, false, { { FRT_GEMV_Q4_K, 90 }, { FRT_GEMV_Q8_0, 20 } } },
+    };
+    for (const handoff_case & hc : handoff_cases) {
+        failed += run_handoff_case(hc, rng) ? 0 : 1;
+        ++total;
+    }
+    for (bool (*run)() : { run_refusals, run_handoff_refusals }) {
+        failed += run() ? 0 : 1;
+        ++total;
+    }
     std::printf("%d passed, %d failed\n", total - failed, failed);
     return failed ? 1 : 0;
 }
