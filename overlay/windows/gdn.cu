@@ -1,6 +1,8 @@
 #include "gdn.cuh"
 #include "window-util.cuh"
 #include "../counters.cuh"
+#include "gemv-pack.cuh"
+#include "q8-x.cuh"
 
 #include "gdn-decode.cuh"
 
@@ -347,12 +349,22 @@ static bool gdn_one_launch_enabled() {
     return enabled;
 }
 
+// GDN's handoff (gemv-pack.cuh): at one sequence the kernel also writes its output quantized for
+// ssm_out's launch. On unless GGML_FLASHRT_GDN_HANDOFF=0.
+static bool gdn_handoff_enabled() {
+    static const bool enabled = [] {
+        const char * v = std::getenv("GGML_FLASHRT_GDN_HANDOFF");
+        return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
+    return enabled;
+}
+
 void flashrt_prepare_gdn(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i, const flashrt_match & m) {
     GGML_UNUSED(cgraph);
     GGML_UNUSED(i);
     GGML_UNUSED(m);
-    if (gdn_one_launch_enabled()) {
-        flashrt_counters_prepare(ctx);  // without them the two launches
+    if (gdn_one_launch_enabled() || gdn_handoff_enabled()) {
+        flashrt_counters_prepare(ctx);  // without them the two launches, and no handoff
     }
 }
 
@@ -410,5 +422,12 @@ void flashrt_run_gdn(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int 
     a.flags   = b.n_seqs == 1 && b.k_heads <= flashrt_counters_size(flashrt_counter_use::gdn_flags) && gdn_one_launch_enabled()
                     ? (int *) flashrt_counters_of(ctx, flashrt_counter_use::gdn_flags)
                     : nullptr;
+    const int k = b.v_heads * FRT_GDN_HEAD_DIM;
+    if (gdn_handoff_enabled() && b.n_seqs == 1 && a.out_head == FRT_GDN_HEAD_DIM && k % 256 == 0 && k <= FRT_X_Q8_MAX_K) {
+        a.x_q8 = flashrt_counters_of(ctx, flashrt_counter_use::handoff);  // none when no direct evaluation prepared them
+    }
     FLASHRT_CHECK("GDN", frt_gdn_decode(a, ctx.stream()));
+    if (a.x_q8 != nullptr) {
+        flashrt_gemv_hand_off(ctx, cgraph, -1, b.out->data, a.x_q8);
+    }
 }

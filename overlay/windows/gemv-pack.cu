@@ -801,15 +801,17 @@ static bool norm_handoff_enabled() {
     return enabled;
 }
 
-// The last handoff of this thread's node loop: which norm of which evaluation its image holds.
-struct norm_handoff_note {
+// The last handoff of this thread's node loop: which vector of which evaluation its image holds
+// (x: the vector's memory; norm: the node of the norm it went through, or -1).
+struct handoff_note_t {
     const ggml_backend_cuda_context * ctx        = nullptr;
     const ggml_cgraph *               cgraph     = nullptr;
     uint64_t                          evaluation = 0;
     int                               norm       = -1;
+    const void *                      x          = nullptr;
     const void *                      image      = nullptr;
 };
-static thread_local norm_handoff_note handoff_note;
+static thread_local handoff_note_t handoff_note;
 
 bool flashrt_gemv_handoff_wanted(const ggml_cgraph * cgraph, int norm, const float ** weight, float * eps) {
     if (!norm_handoff_enabled()) {
@@ -839,16 +841,16 @@ bool flashrt_gemv_handoff_wanted(const ggml_cgraph * cgraph, int norm, const flo
     return true;
 }
 
-void flashrt_gemv_hand_off(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm,
+void flashrt_gemv_hand_off(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm, const void * x,
                            const void * image) {
-    handoff_note = { &ctx, cgraph, flashrt_evaluation(), norm, image };
+    handoff_note = { &ctx, cgraph, flashrt_evaluation(), norm, x, image };
 }
 
-// The image of the pack's norm, when the kernel before handed it off in this evaluation.
+// The image of the launch's input, when the kernel before handed it off in this evaluation.
 static void take_handoff(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
                          const flashrt_gemv_pack & pack, frt_gemv_args & a) {
-    const norm_handoff_note & h = handoff_note;
-    if (pack.norm < 0 || h.image == nullptr || h.ctx != &ctx || h.cgraph != cgraph || h.norm != pack.norm ||
+    const handoff_note_t & h = handoff_note;
+    if (h.image == nullptr || h.ctx != &ctx || h.cgraph != cgraph || h.norm != pack.norm || h.x != a.x ||
         h.evaluation != flashrt_evaluation()) {
         return;
     }

@@ -70,21 +70,22 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
 void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm, int node,
                             const char * window);
 
-// The norm handoff (on unless GGML_FLASHRT_NORM_HANDOFF=0): the kernel that computes a norm-fed
-// pack's input (MOE_TAIL's, a layer's output) also norms and quantizes it as the pack's launch
-// would, into the context's image (counters.cuh), and the launch copies that image
-// (frt_gemv_args::x_q8) instead of its prologue's two passes over x: the same bits, a shorter chain
-// after the launch's wait.
+// Handoffs: the kernel that computes a GEMV launch's input also quantizes it (normed first for a
+// norm-fed pack) as the launch's prologue would, into the context's image (counters.cuh), and the
+// launch copies that image (frt_gemv_args::x_q8) instead of reading x after its wait: the same
+// bits, a shorter chain. The norm handoff (on unless GGML_FLASHRT_NORM_HANDOFF=0): MOE_TAIL's
+// kernel for the next layer's INPROJ or ATTNQKV launch; GDN's (GGML_FLASHRT_GDN_HANDOFF=0: off)
+// for ssm_out's.
 //
 // Whether the pack at the RMS_NORM node `norm` (INPROJ's or ATTNQKV's, window on, exact kernel)
 // would take its input quantized; if so, the norm's weight and eps, which the image must use.
 bool flashrt_gemv_handoff_wanted(const ggml_cgraph * cgraph, int norm, const float ** weight, float * eps);
 
-// Notes that the kernel just launched on ctx's stream writes the image of the norm at node `norm`
-// of cgraph at `image`: the pack launched at that norm in this evaluation takes it. Launches run in
-// the order the host makes them, and a later handoff replaces the note before it can write the
-// image again.
-void flashrt_gemv_hand_off(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm,
+// Notes that the kernel just launched on ctx's stream writes at `image` the image of the vector
+// at x, normed by the RMS_NORM at node `norm` of cgraph (-1: not normed): a launch of this
+// evaluation whose input that is takes it. Launches run in the order the host makes them, and a
+// later handoff replaces the note before its kernel can write the image again.
+void flashrt_gemv_hand_off(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm, const void * x,
                            const void * image);
 
 // Begin-graph hook: the repacked copies of the pack's Q6_K / Q8_0 weights.

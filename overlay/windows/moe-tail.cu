@@ -181,7 +181,7 @@ void flashrt_run_moe_tail_at(ggml_backend_cuda_context & ctx, const ggml_cgraph 
     const float * norm_w = nullptr;
     float         eps    = 0.0f;
     const int     norm   = hand_off ? handoff_norm(cgraph, r, &norm_w, &eps) : -1;
-    void *        image  = norm >= 0 ? flashrt_counters_of(ctx, flashrt_counter_use::norm_handoff) : nullptr;
+    void *        image  = norm >= 0 ? flashrt_counters_of(ctx, flashrt_counter_use::handoff) : nullptr;
     if (image != nullptr) {  // none when no direct evaluation prepared the context's counters
         a.norm_w   = norm_w;
         a.norm_eps = eps;
@@ -189,7 +189,7 @@ void flashrt_run_moe_tail_at(ggml_backend_cuda_context & ctx, const ggml_cgraph 
     }
     FLASHRT_CHECK("MOE_TAIL", frt_moe_tail(a, ctx.stream()));
     if (image != nullptr) {
-        flashrt_gemv_hand_off(ctx, cgraph, norm, image);
+        flashrt_gemv_hand_off(ctx, cgraph, norm, r.out->data, image);
     }
 }
 

@@ -1,4 +1,5 @@
 #include "gdn-decode.cuh"
+#include "q8-x.cuh"
 #include "pdl.cuh"
 
 #include <cstdlib>
@@ -272,7 +273,13 @@ static __device__ __forceinline__ void gdn_head_step(const frt_gdn_decode_args &
         const float mean   = gdn_sum_of_warps(warp_sums) / head_dim;
         const float scale  = rsqrtf(mean + a.norm_eps);
         const float normed = scale * o * norm_w;
-        a.out[s * a.out_seq + h * a.out_head + warp * 32 + lane] = gdn_silu(z) * normed;
+        const float val    = gdn_silu(z) * normed;
+        a.out[s * a.out_seq + h * a.out_head + warp * 32 + lane] = val;
+        if (a.x_q8 != nullptr && s == 0) {  // block 4h + warp of the image
+            const int k = a.v_heads * head_dim;
+            frt_quantize_q8_lane(val, lane, (int8_t *) a.x_q8 + h * head_dim + warp * 32,
+                                 (uint2 *) ((uint8_t *) a.x_q8 + k) + 4 * h + warp);
+        }
     }
 }
 
@@ -516,6 +523,10 @@ static bool gdn_state_stream() {
 
 cudaError_t frt_gdn_decode(const frt_gdn_decode_args & a, cudaStream_t stream) {
     if (a.n_seqs < 1 || a.n_seqs > max_seqs || a.k_heads < 1 || a.v_heads % a.k_heads != 0) {
+        return cudaErrorInvalidValue;
+    }
+    if (a.x_q8 != nullptr && (a.n_seqs != 1 || a.out_head != head_dim || a.v_heads * head_dim % 256 != 0 ||
+                              a.v_heads * head_dim > FRT_X_Q8_MAX_K || (uintptr_t) a.x_q8 % 16 != 0)) {
         return cudaErrorInvalidValue;
     }
     if (a.n_seqs == 1 && a.flags != nullptr) {

@@ -54,6 +54,11 @@ struct frt_gdn_decode_args {
 
     float *  out;  // value head h of sequence s at out + s*out_seq + h*out_head, 128 contiguous
     int64_t  out_seq, out_head;
+    // One sequence, out contiguous (out_head 128), optional: the output also quantized for the
+    // next launch's matvecs (ssm_out) as the exact GEMV's prologue would quantize it, written as
+    // frt_gemv_args::x_q8's image of the H_v * 128 values (q8-x.cuh; at most FRT_X_Q8_MAX_K),
+    // 16-byte aligned: each warp of a head's output holds one 32-value block of it.
+    void *   x_q8;
 
     float l2_eps;      // q/k rms_norm eps (the graph passes eps / 128)
     float l2_scale;    // the SCALE after it (1 / sqrt(128))

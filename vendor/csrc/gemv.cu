@@ -321,8 +321,13 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
         return "frt_gemv: the exact kernel takes one token";
     }
     if (a.x_q8 != nullptr) {
-        if (a.norm == nullptr || a.x_normed != nullptr || a.x_per_token != 1 || (uintptr_t) a.x_q8 % 16 != 0) {
-            return "frt_gemv: x already quantized needs a norm, no x_normed, one vector, 16-byte alignment";
+        if (a.x_normed != nullptr || a.x_per_token != 1 || a.k > FRT_X_Q8_MAX_K || (uintptr_t) a.x_q8 % 16 != 0) {
+            return "frt_gemv: x already quantized needs no x_normed, one vector, k <= FRT_X_Q8_MAX_K, 16-byte alignment";
+        }
+        for (int i = 0; i < a.n_segments; ++i) {
+            if (a.seg[i].x != nullptr) {
+                return "frt_gemv: x already quantized goes without a segment's own input";
+            }
         }
         for (int i = 0; i < a.n_segments; ++i) {
             if (a.seg[i].type == FRT_GEMV_F32 || a.seg[i].epilogue == FRT_GEMV_SWIGLU) {

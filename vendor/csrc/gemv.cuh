@@ -173,12 +173,12 @@ struct frt_gemv_args {
     // keeps (llama.cpp marks its final norm, the LM head's input, as an output).
     float *       x_normed;
     int64_t       x_normed_stride;
-    // Exact kernel only, one token, with norm: non-null, the kernel before this launch already
-    // normed x (as the prologue would, with this norm and eps) and quantized it, and wrote the image
-    // here (q8-x.cuh: k int8 values, then k / 32 scales and sums; frt_moe_tail_args::x_q8 writes
-    // it): the prologue copies it into shared memory instead of reading x. x and norm still
-    // describe the input. No x_normed, no F32 segment, no segment with its own input. 16-byte
-    // aligned.
+    // Exact kernel only, one token: non-null, the kernel before this launch already normed x (as
+    // the prologue would, with this norm and eps, when norm is set) and quantized it, and wrote the
+    // image here (q8-x.cuh: k int8 values, then k / 32 scales and sums; frt_moe_tail_args::x_q8 and
+    // frt_gdn_decode_args::x_q8 write it): the prologue copies it into shared memory instead of
+    // reading x. x and norm still describe the input. No x_normed, no F32 segment, no SwiGLU, no
+    // segment with its own input; k at most FRT_X_Q8_MAX_K. 16-byte aligned.
     const void *  x_q8;
     int           n_segments;
     frt_gemv_segment seg[FRT_GEMV_MAX_SEGMENTS];

@@ -17,6 +17,9 @@ static constexpr __host__ __device__ int frt_x_q8_bytes(int k) {
     return k + k / 32 * 8;
 }
 
+// The widest vector a handoff image holds (the context's slice of device memory is this big).
+constexpr int FRT_X_Q8_MAX_K = 8192;
+
 #ifdef __CUDACC__
 // Four columns of x normed as ggml-cuda's fused rms_norm + mul forms them: x * scale * w.
 static __device__ __forceinline__ float4 frt_norm_chunk(float4 x, float scale, float4 w) {
@@ -50,6 +53,29 @@ static __device__ __forceinline__ void frt_quantize_q8_chunk(float4 xv, int i, i
     const int hi = __shfl_xor_sync(full, sum, 4);
     if (lane % 8 == 0) {
         xm[i / 8] = make_uint2(__float_as_uint(d), (uint32_t) (sum & 0xffff) | (uint32_t) hi << 16);
+    }
+}
+
+// The same quantization with one 32-value block held by a warp, a value a lane: the same
+// expressions (the block's maximum does not depend on the order it is formed in; the sums are
+// integers), so the same bits as frt_quantize_q8_chunk. xq, xm: the block's values and its entry.
+static __device__ __forceinline__ void frt_quantize_q8_lane(float v, int lane, int8_t * xq, uint2 * xm) {
+    constexpr unsigned full = 0xffffffffu;
+    float amax = fabsf(v);
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(full, amax, offset));
+    }
+    const float d_raw = amax / 127.0f;
+    const float d     = __half2float(__float2half_rn(d_raw));
+    const int   q     = amax == 0.0f ? 0 : (int) roundf(v / d_raw);
+    xq[lane]          = (int8_t) q;
+    int sum = q;
+    for (int offset = 1; offset < 16; offset <<= 1) {
+        sum += __shfl_xor_sync(full, sum, offset);  // lanes 0..15: values 0..15, lanes 16..31: 16..31
+    }
+    const int hi = __shfl_xor_sync(full, sum, 16);
+    if (lane == 0) {
+        *xm = make_uint2(__float_as_uint(d), (uint32_t) (sum & 0xffff) | (uint32_t) hi << 16);
     }
 }
 #endif

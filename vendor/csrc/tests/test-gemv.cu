@@ -1498,8 +1498,8 @@ bool run_handoff_case(const handoff_case & hc, std::mt19937_64 & rng) {
 }
 
 // What the handoff must refuse: the tail's image for more than one token, a width its block does
-// not take or a misaligned image; a launch taking x_q8 without the exact kernel, without a norm,
-// with F32 weights or the SwiGLU epilogue.
+// not take or a misaligned image; a launch taking x_q8 without the exact kernel, with x_normed, wider
+// than an image holds, with F32 weights or the SwiGLU epilogue.
 bool run_handoff_refusals() {
     bool ok = true;
     alignas(16) static float dummy[64];
@@ -1541,8 +1541,11 @@ bool run_handoff_refusals() {
     };
     gemv_refuses("with the register kernel", a, FRT_GEMV_KERNEL_REGISTERS);
     frt_gemv_args b = a;
-    b.norm = nullptr;
-    gemv_refuses("without a norm", b, FRT_GEMV_KERNEL_EXACT);
+    b.x_normed = dummy, b.x_normed_stride = 2048;
+    gemv_refuses("with x_normed", b, FRT_GEMV_KERNEL_EXACT);
+    b = a, b.k = FRT_X_Q8_MAX_K + 256, b.x_stride = b.k;
+    b.seg[0].row_stride = gemv_ref::gguf_row_bytes(FRT_GEMV_Q4_K, b.k);
+    gemv_refuses("wider than FRT_X_Q8_MAX_K", b, FRT_GEMV_KERNEL_EXACT);
     b = a, b.seg[0].type = FRT_GEMV_F32, b.seg[0].row_stride = 2048 * sizeof(float);
     gemv_refuses("with F32 weights", b, FRT_GEMV_KERNEL_EXACT);
     b = a, b.seg[0].epilogue = FRT_GEMV_SWIGLU, b.seg[0].w_gate = dummy;
