@@ -1,0 +1,159 @@
+// Where ATTN_DECODE's ~12 µs a layer go (the profile: 11.8 µs exclusive at tg128 against ~5
+// predicted from its chain): the kernel alone, launched back to back from a CUDA graph with PDL
+// as the overlay launches it, at qwen36's attention shape (head size 256, 16 query heads over 2
+// key/value heads, one token), against what it is made of:
+//
+//   empty                 an empty kernel (a launch inside a graph)
+//   empty cluster         the kernel's grid (8 x 2, clusters of 8, its shared memory) doing only
+//                         the PDL wait and its two cluster barriers
+//   attn n_kv=N vis=V     the kernel over N cells of which the first V are visible (the rest
+//                         masked), the caches hot (one layer's, L2-resident) or cold (a different
+//                         layer's each launch, 192 MB of caches in all: read from DRAM)
+//
+// Prints µs a launch (median graph replay / launches). The outputs are not checked here:
+// test-decode-attention does that.
+//
+// Build and run (device): nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools \
+//     bench/tools/attn-decode-bench.cu vendor/csrc/decode-attention.cu vendor/csrc/pdl.cu \
+//     -o /tmp/attn-decode-bench && /tmp/attn-decode-bench
+
+#include "cuda-check.cuh"
+#include "decode-attention.cuh"
+#include "pdl.cuh"
+
+#include <algorithm>
+#include <cooperative_groups.h>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <vector>
+
+namespace cg = cooperative_groups;
+
+constexpr int d = 256, heads = 16, heads_kv = 2;
+
+static __global__ void empty_kernel() {
+    frt_pdl_wait();
+    frt_pdl_launch_dependents();
+}
+
+static __global__ void empty_cluster_kernel() {
+    extern __shared__ uint8_t smem[];
+    cg::cluster_group cluster = cg::this_cluster();
+    frt_pdl_wait();
+    frt_pdl_launch_dependents();
+    smem[threadIdx.x] = 0;
+    cluster.sync();
+    cluster.sync();
+}
+
+static double us_per_launch(cudaStream_t stream, int reps, const std::function<void(int)> & launch) {
+    cudaGraph_t     graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int r = 0; r < reps; ++r) {
+        launch(r);
+    }
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+    for (int w = 0; w < 10; ++w) {
+        CHECK(cudaGraphLaunch(exec, stream));
+    }
+    std::vector<float> ms;
+    for (int i = 0; i < 100; ++i) {
+        CHECK(cudaEventRecord(start, stream));
+        CHECK(cudaGraphLaunch(exec, stream));
+        CHECK(cudaEventRecord(stop, stream));
+        CHECK(cudaEventSynchronize(stop));
+        float t = 0.0f;
+        CHECK(cudaEventElapsedTime(&t, start, stop));
+        ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaEventDestroy(start));
+    CHECK(cudaEventDestroy(stop));
+    return 1000.0 * ms[ms.size() / 2] / reps;
+}
+
+int main() {
+    cudaStream_t stream;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+
+    // 192 layers' caches of 1024 cells: 1024 x 2 x 256 x 2 bytes = 1 MB each for K and for V.
+    constexpr int layers = 192, max_kv = FRT_ATTN_DECODE_MAX_KV;
+    const size_t  cache  = (size_t) max_kv * heads_kv * d;
+    std::vector<__half> host(cache);
+    for (__half & h : host) {
+        h = __float2half(dist(rng));
+    }
+    __half * k = nullptr;
+    __half * v = nullptr;
+    CHECK(cudaMalloc(&k, layers * cache * sizeof(__half)));
+    CHECK(cudaMalloc(&v, layers * cache * sizeof(__half)));
+    for (int l = 0; l < layers; ++l) {
+        CHECK(cudaMemcpy(k + l * cache, host.data(), cache * sizeof(__half), cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(v + l * cache, host.data(), cache * sizeof(__half), cudaMemcpyHostToDevice));
+    }
+    std::vector<float> qh((size_t) heads * d);
+    for (float & x : qh) {
+        x = dist(rng);
+    }
+    float *  q    = nullptr;
+    float *  out  = nullptr;
+    __half * mask = nullptr;
+    CHECK(cudaMalloc(&q, qh.size() * sizeof(float)));
+    CHECK(cudaMalloc(&out, qh.size() * sizeof(float)));
+    CHECK(cudaMalloc(&mask, max_kv * sizeof(__half)));
+    CHECK(cudaMemcpy(q, qh.data(), qh.size() * sizeof(float), cudaMemcpyHostToDevice));
+
+    std::printf("| case | µs a launch |\n|---|---:|\n");
+    const int reps = layers;  // cold: every layer's cache once a replay, 96 MB at 256 cells (L2 50 MB)
+    std::printf("| empty | %.2f |\n", us_per_launch(stream, reps, [&](int) {
+                    CHECK(frt_launch_clustered(empty_kernel, dim3(1), dim3(256), 0, stream, 1));
+                }));
+    const int smem_256 = (int) ((size_t) 32 * (d + 8) * 2 + (size_t) 32 * d * 2 + 8 * d * 4 + 8 * (d + 4) * 4);
+    CHECK(cudaFuncSetAttribute(empty_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_256));
+    std::printf("| empty cluster (8 x 2, %d KB) | %.2f |\n", smem_256 / 1024,
+                us_per_launch(stream, reps, [&](int) {
+                    CHECK(frt_launch_clustered(empty_cluster_kernel, dim3(FRT_ATTN_DECODE_SPLIT, heads_kv), dim3(256),
+                                               smem_256, stream, FRT_ATTN_DECODE_SPLIT));
+                }));
+
+    struct shape {
+        int n_kv, visible;
+    };
+    const shape shapes[] = {
+        { 8, 1 }, { 256, 1 }, { 256, 64 }, { 256, 128 }, { 256, 256 }, { 1024, 1024 },
+    };
+    std::vector<__half> mh(max_kv);
+    for (const shape & s : shapes) {
+        for (int c = 0; c < max_kv; ++c) {
+            mh[c] = __float2half(c < s.visible ? 0.0f : -INFINITY);
+        }
+        CHECK(cudaMemcpy(mask, mh.data(), max_kv * sizeof(__half), cudaMemcpyHostToDevice));
+        for (const bool cold : { false, true }) {
+            const double us = us_per_launch(stream, reps, [&](int r) {
+                const size_t         layer = cold ? (size_t) r : 0;
+                frt_attn_decode_args a     = {};
+                a.d = d, a.heads = heads, a.heads_kv = heads_kv, a.n_q = 1, a.n_kv = s.n_kv;
+                a.q = q, a.q_token = (int64_t) heads * d, a.q_head = d;
+                a.k = k + layer * cache, a.k_cell = (int64_t) heads_kv * d, a.k_head = d;
+                a.v = v + layer * cache, a.v_cell = (int64_t) heads_kv * d, a.v_head = d;
+                a.mask = mask, a.mask_row = max_kv;
+                a.out = out, a.out_token = (int64_t) heads * d, a.out_head = d;
+                a.scale = 0.0625f;
+                CHECK(frt_attn_decode(a, stream));
+            });
+            std::printf("| attn n_kv=%d vis=%d %s | %.2f |\n", s.n_kv, s.visible, cold ? "cold" : "hot", us);
+        }
+    }
+    CHECK(cudaGetLastError());
+    return 0;
+}
