@@ -73,7 +73,8 @@ static const char * const attn_gate_none = "no output gate";
 
 // Strides (floats) of an F32 tensor read as [d, heads, tokens] in its logical element order
 // ([d, heads, tokens] or [d * heads, tokens], values of a row contiguous); false if it is neither.
-static bool gate_strides(const ggml_tensor * g, int64_t d, int64_t heads, int64_t n_q, int64_t & head, int64_t & token) {
+static bool gate_strides(const ggml_tensor * g, int64_t d, int64_t heads, int64_t n_q, int64_t & head,
+                         int64_t & token) {
     if (g->type != GGML_TYPE_F32 || g->nb[0] != sizeof(float) || g->nb[1] % sizeof(float) != 0 ||
         g->nb[2] % sizeof(float) != 0 || g->ne[3] != 1) {
         return false;
@@ -89,6 +90,15 @@ static bool gate_strides(const ggml_tensor * g, int64_t d, int64_t heads, int64_
         return true;
     }
     return false;
+}
+
+// Whether the MUL's output `out` ([d * heads, tokens], a row's values contiguous) and a
+// [d, heads, tokens] tensor at `data` with strides `head` and `token` (floats) put every element at
+// the same address.
+static bool same_elements(const ggml_tensor * out, const void * data, int64_t head, int64_t token, int64_t d,
+                          int64_t heads, int64_t n_q) {
+    return out->data == data && (heads == 1 || head == d) &&
+           (n_q == 1 || token * (int64_t) sizeof(float) == (int64_t) out->nb[1]);
 }
 
 // Why the nodes after attention node i (matched) are not a gate the kernel folds in, or nullptr.
@@ -140,12 +150,19 @@ static const char * attn_gate_miss(const ggml_cgraph * cgraph, int i, attn_gate 
     if (const char * miss = flashrt_run_is_private(cgraph, i, ag.end, { mul })) {
         return miss;
     }
-    // Written while the kernel still reads its inputs (the allocator may have placed the MUL over
-    // memory whose last reader is the attention or the CONT).
+    // The kernel writes the MUL's output while it still reads its inputs, and the allocator gives
+    // the MUL (in place over the SIGMOID, over the CONT) a block chosen at the CONT, which may be
+    // memory the attention read last: Q, or the mask. Q or the gate shared element for element is
+    // safe (decode-attention.cuh says why).
     const ggml_tensor * q = fa->src[0], *k = fa->src[1], *v = fa->src[2], *mask = fa->src[3];
-    if (flashrt_overlaps(mul, ag.gate) || flashrt_overlaps(mul, q) || flashrt_overlaps(mul, k) ||
-        flashrt_overlaps(mul, v) || (mask != nullptr && flashrt_overlaps(mul, mask))) {
-        return "gate: the MUL's output overlaps the gate, Q, K, V or the mask";
+    const size_t        f = sizeof(float);
+    const bool q_apart =
+        !flashrt_overlaps(mul, q) || same_elements(mul, q->data, q->nb[2] / f, q->nb[1] / f, d, heads, n_q);
+    const bool gate_apart = !flashrt_overlaps(mul, ag.gate) ||
+                            same_elements(mul, ag.gate->data, ag.gate_head, ag.gate_token, d, heads, n_q);
+    if (!q_apart || !gate_apart || flashrt_overlaps(mul, k) || flashrt_overlaps(mul, v) ||
+        (mask != nullptr && flashrt_overlaps(mul, mask))) {
+        return "gate: the MUL's output overlaps the gate or Q other than element for element, or K, V or the mask";
     }
     return nullptr;
 }

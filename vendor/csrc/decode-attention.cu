@@ -11,7 +11,8 @@ constexpr int decode_warps       = decode_threads / 32;
 constexpr int decode_split       = FRT_ATTN_DECODE_SPLIT;
 constexpr int decode_cells_lane  = FRT_ATTN_DECODE_MAX_KV / FRT_ATTN_DECODE_SPLIT / 32;  // cells a lane scores
 static_assert(FRT_ATTN_DECODE_MAX_KV % (32 * FRT_ATTN_DECODE_SPLIT) == 0, "a block's cells fill whole warps");
-static_assert(FRT_ATTN_DECODE_MAX_PAIRS <= decode_split * decode_warps, "a warp of the cluster combines at most one query row");
+static_assert(FRT_ATTN_DECODE_MAX_PAIRS <= decode_split * decode_warps,
+              "a warp of the cluster combines at most one query row");
 
 static __device__ __forceinline__ float decode_warp_max(float x) {
 #pragma unroll

@@ -13,7 +13,11 @@
 //
 // Optionally multiplies the output by sigmoid(gate) (frt_attn_decode_args::gate) as it writes it.
 //
-// Plain pointers and strides (elements), no ggml types. out must not overlap any input.
+// Plain pointers and strides (elements), no ggml types. out must not overlap any input, except Q
+// or the gate element for element (each element of out at the address of the same element of Q or
+// of the gate): a cluster writes its query rows only after its barrier, and Q's rows of a key/value
+// head are read only by that head's cluster, before it; each gate value only by the lane that
+// writes the same element, before.
 
 #include <cstdint>
 #include <cuda_fp16.h>

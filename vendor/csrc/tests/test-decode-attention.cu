@@ -6,8 +6,9 @@
 // the output gate where qwen35 keeps it (the second half of each head's slice of the q projection;
 // the first halves NaN) and must give sigmoid(gate) * attention within the same bound, and the
 // same bits as the ungated launch's output through stock's SIGMOID and MUL expressions (a small
-// kernel here: host and device expf may round differently). Bad shapes must be refused. Needs a
-// GPU (sm_90: thread-block clusters):
+// kernel here: host and device expf may round differently), also written in place over Q or over
+// the gate (not poisoned then: the input is restored before each launch). Bad shapes must be
+// refused. Needs a GPU (sm_90: thread-block clusters):
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
 //        vendor/csrc/tests/test-decode-attention.cu -o test-decode-attention && ./test-decode-attention
 
@@ -30,6 +31,10 @@
         }                                                                                          \
     } while (0)
 
+// Where a gated case writes its output: apart, or in place over Q or over the gate, element for
+// element (as the allocator may place the gate's MUL; the header says why that is safe).
+enum class out_place { apart, over_q, over_gate };
+
 enum class mask_kind {
     none,
     prefix,   // row t sees cells [0, visible - n_q + 1 + t): a causal step over a cache prefix
@@ -43,6 +48,7 @@ struct decode_case {
     mask_kind    mask;
     int          visible;  // mask_kind::prefix
     bool         gated;    // with the output gate (frt_attn_decode_args::gate)
+    out_place    place;
 };
 
 // A value hidden from every row, as an unused cache row may hold.
@@ -146,7 +152,8 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
             }
             for (int i = 0; i < d; ++i) {
                 const double g = dc.gated ? (double) gate[t * gate_token + h * gate_head + d + i] : 0.0;
-                ref[(size_t) t * d * H + (size_t) h * d + i] = (dc.gated ? 1.0 / (1.0 + std::exp(-g)) : 1.0) * o[i] / sum;
+                const double sg = dc.gated ? 1.0 / (1.0 + std::exp(-g)) : 1.0;
+                ref[(size_t) t * d * H + (size_t) h * d + i] = sg * o[i] / sum;
             }
         }
     }
@@ -195,13 +202,36 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
         a.gate = d_gate + d, a.gate_token = gate_token, a.gate_head = gate_head;
     }
 
+    // In place: the output at the input's addresses, with its strides.
+    if (dc.place == out_place::over_q) {
+        a.out = d_q, a.out_token = a.q_token, a.out_head = a.q_head;
+    } else if (dc.place == out_place::over_gate) {
+        a.out = d_gate + d, a.out_token = gate_token, a.out_head = gate_head;
+    }
     std::vector<float> got[2];
     for (int run = 0; run < 2; ++run) {
-        CHECK(cudaMemset(d_out, 0xff, ref.size() * sizeof(float)));  // NaN poison
+        if (dc.place == out_place::over_q) {
+            CHECK(cudaMemcpy(d_q, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
+        } else if (dc.place == out_place::over_gate) {
+            CHECK(cudaMemcpy(d_gate, gate.data(), gate.size() * sizeof(float), cudaMemcpyHostToDevice));
+        } else {
+            CHECK(cudaMemset(d_out, 0xff, ref.size() * sizeof(float)));  // NaN poison
+        }
         CHECK(frt_attn_decode(a, 0));
         CHECK(cudaDeviceSynchronize());
+        std::vector<float> buf(dc.place == out_place::over_gate ? gate.size() : ref.size());
+        CHECK(cudaMemcpy(buf.data(), dc.place == out_place::over_gate ? d_gate : a.out, buf.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
         got[run].resize(ref.size());
-        CHECK(cudaMemcpy(got[run].data(), d_out, ref.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int t = 0; t < T; ++t) {
+            for (int h = 0; h < H; ++h) {
+                for (int i = 0; i < d; ++i) {
+                    const size_t at = dc.place == out_place::over_gate ? t * gate_token + h * gate_head + d + i :
+                                                                         (size_t) t * d * H + (size_t) h * d + i;
+                    got[run][(size_t) t * d * H + (size_t) h * d + i] = buf[at];
+                }
+            }
+        }
     }
 
     double max_err = 0.0;
@@ -221,7 +251,8 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     std::printf("%s %-52s d %3d heads %2d/%d tokens %d cells %4d (%3d a block): max err %.2e, %d not finite%s%s\n",
                 ok ? "ok  " : "FAIL", dc.name, d, H, G, T, N, frt_attn_decode_cells_a_block(N), max_err, not_finite,
                 same ? "" : ", second launch differs", stock_bits ? "" : ", not stock's bits for the gate");
-    cudaFree(d_q), cudaFree(d_out), cudaFree(d_k), cudaFree(d_v), cudaFree(d_mask), cudaFree(d_gate), cudaFree(d_expect);
+    cudaFree(d_q), cudaFree(d_out), cudaFree(d_k), cudaFree(d_v), cudaFree(d_mask);
+    cudaFree(d_gate), cudaFree(d_expect);
     return ok ? 0 : 1;
 }
 
@@ -263,6 +294,8 @@ int main() {
         { "gated: qwen36 decode over 1000 cells", 256, 16, 2, 1, 1000, mask_kind::prefix, 1000, true },
         { "gated: qwen3 shape, 4 tokens, random masks", 128, 32, 4, 4, 300, mask_kind::random, 0, true },
         { "gated: one query head a KV head, 3 tokens", 64, 8, 8, 3, 20, mask_kind::prefix, 20, true },
+        { "gated, in place over Q", 256, 16, 2, 2, 256, mask_kind::prefix, 200, true, out_place::over_q },
+        { "gated, in place over the gate", 128, 32, 4, 4, 300, mask_kind::random, 0, true, out_place::over_gate },
     };
     int failed = 0;
     for (const decode_case & dc : cases) {
