@@ -98,6 +98,9 @@ struct stats_at_exit {
         std::fprintf(stderr, "FlashRT stats: norm handoff: %llu GEMV launch(es) took their input normed and quantized "
                      "by the kernel before (GGML_FLASHRT_NORM_HANDOFF=0: off)\n",
                      (unsigned long long) stats.handoffs.load());
+        std::fprintf(stderr, "FlashRT stats: attention gate: %llu ATTN_DECODE launch(es) applied the output gate "
+                     "(GGML_FLASHRT_ATTN_GATE=0: off)\n",
+                     (unsigned long long) stats.attn_gates.load());
         std::fprintf(stderr, "FlashRT stats: %s\n", frt_fa4_summary());
         std::fprintf(stderr, "FlashRT stats: counts are per captured graph; CUDA graph replays reuse them\n");
     }

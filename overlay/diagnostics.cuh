@@ -36,6 +36,7 @@ struct flashrt_stats {
     std::atomic<uint64_t> repack_refused{ 0 };  // weights not cached for want of free device memory
     std::atomic<uint64_t> repack_refused_bytes{ 0 };
     std::atomic<uint64_t> handoffs{ 0 };        // GEMV launches that took their input normed and quantized (x_q8)
+    std::atomic<uint64_t> attn_gates{ 0 };      // ATTN_DECODE launches that applied the output gate
 };
 
 bool flashrt_debug_enabled();

@@ -1,7 +1,12 @@
 #include "attn-decode.cuh"
 
 #include "window-util.cuh"
+#include "../diagnostics.cuh"
 #include "decode-attention.cuh"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 static bool aligned16(const ggml_tensor * t) {
     return t->nb[0] == sizeof(ggml_fp16_t) && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && (uintptr_t) t->data % 16 == 0;
@@ -42,6 +47,126 @@ static const char * attn_decode_miss(const ggml_tensor * fa) {
     return nullptr;
 }
 
+// The output gate of qwen35's full-attention layers (build_layer_attn), right after attention:
+//   FLASH_ATTN_EXT -> RESHAPE [d * heads, tokens] -> [VIEW (the gate's half of the q projection)
+//   -> CONT] -> SIGMOID -> MUL(attention, sigmoid)
+// The kernel applies it as it writes (frt_attn_decode_args::gate), into the MUL's output, reading
+// the CONT's input in place: stock's CONT and fused SIGMOID-MUL kernels are not launched. On unless
+// GGML_FLASHRT_ATTN_GATE=0.
+static bool attn_gate_enabled() {
+    static const bool enabled = [] {
+        const char * v = std::getenv("GGML_FLASHRT_ATTN_GATE");
+        return v == nullptr || std::strcmp(v, "0") != 0;
+    }();
+    return enabled;
+}
+
+struct attn_gate {
+    const ggml_tensor * gate = nullptr;  // what the kernel reads: the CONT's input, or the SIGMOID's
+    int64_t             gate_head = 0, gate_token = 0;  // its strides in floats
+    const ggml_tensor * out = nullptr;  // the MUL
+    int                 end = -1;       // the MUL's node
+};
+
+// No SIGMOID where the gate would be: attention without a gate, never printed.
+static const char * const attn_gate_none = "no output gate";
+
+// Strides (floats) of an F32 tensor read as [d, heads, tokens] in its logical element order
+// ([d, heads, tokens] or [d * heads, tokens], values of a row contiguous); false if it is neither.
+static bool gate_strides(const ggml_tensor * g, int64_t d, int64_t heads, int64_t n_q, int64_t & head,
+                         int64_t & token) {
+    if (g->type != GGML_TYPE_F32 || g->nb[0] != sizeof(float) || g->nb[1] % sizeof(float) != 0 ||
+        g->nb[2] % sizeof(float) != 0 || g->ne[3] != 1) {
+        return false;
+    }
+    if (g->ne[0] == d && g->ne[1] == heads && g->ne[2] == n_q) {
+        head  = g->nb[1] / sizeof(float);
+        token = g->nb[2] / sizeof(float);
+        return true;
+    }
+    if (g->ne[0] == d * heads && g->ne[1] == n_q && g->ne[2] == 1) {
+        head  = d;
+        token = g->nb[1] / sizeof(float);
+        return true;
+    }
+    return false;
+}
+
+// Whether the MUL's output `out` ([d * heads, tokens], a row's values contiguous) and a
+// [d, heads, tokens] tensor at `data` with strides `head` and `token` (floats) put every element at
+// the same address.
+static bool same_elements(const ggml_tensor * out, const void * data, int64_t head, int64_t token, int64_t d,
+                          int64_t heads, int64_t n_q) {
+    return out->data == data && (heads == 1 || head == d) &&
+           (n_q == 1 || token * (int64_t) sizeof(float) == (int64_t) out->nb[1]);
+}
+
+// Why the nodes after attention node i (matched) are not a gate the kernel folds in, or nullptr.
+static const char * attn_gate_miss(const ggml_cgraph * cgraph, int i, attn_gate & ag) {
+    const ggml_tensor * fa = cgraph->nodes[i];
+    const int64_t       d = fa->ne[0], heads = fa->ne[1], n_q = fa->ne[2];
+    int                 sig_at = -1;
+    for (int j = i + 2; j <= i + 4 && j + 1 < cgraph->n_nodes; ++j) {
+        if (cgraph->nodes[j]->op == GGML_OP_UNARY && ggml_get_unary_op(cgraph->nodes[j]) == GGML_UNARY_OP_SIGMOID) {
+            sig_at = j;
+            break;
+        }
+    }
+    if (sig_at < 0) {
+        return attn_gate_none;
+    }
+    const ggml_tensor * attn = cgraph->nodes[i + 1], *sigmoid = cgraph->nodes[sig_at], *mul = cgraph->nodes[sig_at + 1];
+    if (attn->op != GGML_OP_RESHAPE || attn->src[0] != fa || attn->ne[0] != d * heads || attn->ne[1] != n_q) {
+        return "gate: attention not followed by its RESHAPE to [d * heads, tokens]";
+    }
+    if (mul->op != GGML_OP_MUL || !((mul->src[0] == attn && mul->src[1] == sigmoid) ||
+                                    (mul->src[0] == sigmoid && mul->src[1] == attn))) {
+        return "gate: the SIGMOID not followed by the MUL of attention and it";
+    }
+    // Between the RESHAPE and the SIGMOID only the gate's own nodes: [its view ->] [a CONT ->]. The
+    // kernel reads the CONT's input in place: the copy is not needed.
+    ag.gate  = sigmoid->src[0];
+    int last = sig_at - 1;  // the last node before the SIGMOID not yet accounted for
+    if (last > i + 1 && cgraph->nodes[last] == ag.gate && ag.gate->op == GGML_OP_CONT) {
+        ag.gate = ag.gate->src[0];
+        --last;
+    }
+    if (last > i + 1 && cgraph->nodes[last] == ag.gate && flashrt_is_view(ag.gate)) {
+        --last;
+    }
+    if (last != i + 1) {
+        return "gate: other nodes between attention and the gate's SIGMOID";
+    }
+    if (flashrt_view_base(ag.gate) == fa) {
+        return "gate: computed from the attention output";
+    }
+    if (sigmoid->type != GGML_TYPE_F32 || !ggml_are_same_shape(sigmoid, attn) || mul->type != GGML_TYPE_F32 ||
+        !ggml_are_same_shape(mul, attn) || mul->nb[0] != sizeof(float) || mul->nb[1] % sizeof(float) != 0 ||
+        !gate_strides(ag.gate, d, heads, n_q, ag.gate_head, ag.gate_token)) {
+        return "gate: shapes, or a layout the kernel does not read as [d, heads, tokens]";
+    }
+    ag.out = mul;
+    ag.end = sig_at + 1;
+    if (const char * miss = flashrt_run_is_private(cgraph, i, ag.end, { mul })) {
+        return miss;
+    }
+    // The kernel writes the MUL's output while it still reads its inputs, and the allocator gives
+    // the MUL (in place over the SIGMOID, over the CONT) a block chosen at the CONT, which may be
+    // memory the attention read last: Q, or the mask. Q or the gate shared element for element is
+    // safe (decode-attention.cuh says why).
+    const ggml_tensor * q = fa->src[0], *k = fa->src[1], *v = fa->src[2], *mask = fa->src[3];
+    const size_t        f = sizeof(float);
+    const bool q_apart =
+        !flashrt_overlaps(mul, q) || same_elements(mul, q->data, q->nb[2] / f, q->nb[1] / f, d, heads, n_q);
+    const bool gate_apart = !flashrt_overlaps(mul, ag.gate) ||
+                            same_elements(mul, ag.gate->data, ag.gate_head, ag.gate_token, d, heads, n_q);
+    if (!q_apart || !gate_apart || flashrt_overlaps(mul, k) || flashrt_overlaps(mul, v) ||
+        (mask != nullptr && flashrt_overlaps(mul, mask))) {
+        return "gate: the MUL's output overlaps the gate or Q other than element for element, or K, V or the mask";
+    }
+    return nullptr;
+}
+
 flashrt_match flashrt_match_attn_decode(const ggml_cgraph * cgraph, int i) {
     const ggml_tensor * fa = cgraph->nodes[i];
     if (fa->op != GGML_OP_FLASH_ATTN_EXT) {
@@ -50,11 +175,21 @@ flashrt_match flashrt_match_attn_decode(const ggml_cgraph * cgraph, int i) {
     if (const char * miss = attn_decode_miss(fa)) {
         return flashrt_miss(miss);
     }
+    if (!attn_gate_enabled()) {
+        return flashrt_hit(1);
+    }
+    attn_gate ag;
+    const char * miss = attn_gate_miss(cgraph, i, ag);
+    if (miss == nullptr) {
+        return flashrt_hit(ag.end + 1 - i);
+    }
+    if (miss != attn_gate_none && flashrt_debug_enabled()) {  // still a hit: attention alone
+        std::fprintf(stderr, "FlashRT: ATTN_DECODE at node %d (%s): output gate not folded: %s\n", i, fa->name, miss);
+    }
     return flashrt_hit(1);
 }
 
 void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m) {
-    GGML_UNUSED(m);
     ggml_tensor *       fa = cgraph->nodes[i];  // the match accepted it
     const ggml_tensor * q = fa->src[0], *k = fa->src[1], *v = fa->src[2], *mask = fa->src[3];
     frt_attn_decode_args a = {};
@@ -78,5 +213,17 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     a.out_head  = fa->nb[1] / sizeof(float);
     a.out_token = fa->nb[2] / sizeof(float);
     a.scale     = flashrt_op_param_f32(fa, 0);
+    if (m.n_nodes > 1) {  // the gate folded in
+        attn_gate ag;
+        const char * miss = attn_gate_miss(cgraph, i, ag);
+        GGML_ASSERT(miss == nullptr && ag.end == i + m.n_nodes - 1);
+        a.gate       = (const float *) ag.gate->data;
+        a.gate_head  = ag.gate_head;
+        a.gate_token = ag.gate_token;
+        a.out        = (float *) ag.out->data;
+        a.out_head   = a.d;
+        a.out_token  = ag.out->nb[1] / sizeof(float);
+        flashrt_global_stats().attn_gates++;
+    }
     CUDA_CHECK(frt_attn_decode(a, ctx.stream()));
 }

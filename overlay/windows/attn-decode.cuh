@@ -5,7 +5,10 @@
 // flash attention and its fix-up: a cluster of 8 blocks a key/value head, each scoring an eighth of
 // the cells, then combining the blocks' partial softmaxes through the cluster's shared memory. Any
 // F16 mask (a server's batch of sequences included),
-// no sinks, ALiBi or softcap. Scores and sums in float: close to stock, not its bits.
+// no sinks, ALiBi or softcap. Scores and sums in float: close to stock, not its bits. When the
+// attention is followed by qwen35's output gate (RESHAPE, [the gate's VIEW and CONT,] SIGMOID, MUL),
+// the kernel applies the gate as it writes, into the MUL's output, with stock's expressions for the
+// gate (GGML_FLASHRT_ATTN_GATE=0: attention alone).
 
 #include "../registry.cuh"
 

@@ -11,6 +11,8 @@ constexpr int decode_warps       = decode_threads / 32;
 constexpr int decode_split       = FRT_ATTN_DECODE_SPLIT;
 constexpr int decode_cells_lane  = FRT_ATTN_DECODE_MAX_KV / FRT_ATTN_DECODE_SPLIT / 32;  // cells a lane scores
 static_assert(FRT_ATTN_DECODE_MAX_KV % (32 * FRT_ATTN_DECODE_SPLIT) == 0, "a block's cells fill whole warps");
+static_assert(FRT_ATTN_DECODE_MAX_PAIRS <= decode_split * decode_warps,
+              "a warp of the cluster combines at most one query row");
 
 static __device__ __forceinline__ float decode_warp_max(float x) {
 #pragma unroll
@@ -68,7 +70,7 @@ static size_t decode_smem_bytes(int d, int cells, int pairs) {
 
 // Cluster (r, g) of SPLIT blocks: block r scores the cells [r * cells, (r + 1) * cells) of key/value
 // head g for every query row of g (token t, query head h), a warp a row at a time; then, after the
-// cluster barrier, combines rows r, r + SPLIT, ... from the partials of all SPLIT blocks.
+// cluster barrier, warp w combines row r + SPLIT * w from the partials of all SPLIT blocks.
 template <int D>
 static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(const frt_attn_decode_args a) {
     constexpr int E = D / 32, KPAD = D + 8, PS = D + 4;
@@ -195,11 +197,23 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         }
     }
 
+    // The row this warp combines, and its gate's sigmoid (ggml-cuda's op_sigmoid), read before the
+    // barrier: off the chain that waits for the slowest block.
+    const int p = r + decode_split * warp;
+    const int t = p / gqa, h = g * gqa + p % gqa;
+    float     gate_sigmoid[E];
+    if (a.gate != nullptr && p < pairs) {
+        const float * gp = a.gate + (int64_t) t * a.gate_token + (int64_t) h * a.gate_head + lane * E;
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            gate_sigmoid[i] = 1.0f / (1.0f + expf(-gp[i]));
+        }
+    }
+
     // Every block's partials are written (and, with the cluster barrier's release and acquire,
     // visible to the cluster).
     cluster.sync();
-    for (int p = r + decode_split * warp; p < pairs; p += decode_split * decode_warps) {
-        const int t = p / gqa, h = g * gqa + p % gqa;
+    if (p < pairs) {
         float     mi = -INFINITY, li = 0.0f;
         if (lane < decode_split) {
             const float * rp = cluster.map_shared_rank(part, lane) + p * PS;
@@ -227,7 +241,8 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
 #pragma unroll
         for (int i = 0; i < E; ++i) {
-            out[i] = sum > 0.0f ? o[i] / sum : 0.0f;
+            const float attention = sum > 0.0f ? o[i] / sum : 0.0f;
+            out[i] = a.gate != nullptr ? gate_sigmoid[i] * attention : attention;  // stock's fused SIGMOID-MUL order
         }
     }
     cluster.sync();  // no block leaves while another still reads its partials

@@ -11,7 +11,13 @@
 // F16 K and V; not stock's order of summation (stock's flash attention is not bit-stable across
 // its own kernels either).
 //
-// Plain pointers and strides (elements), no ggml types. out must not overlap any input.
+// Optionally multiplies the output by sigmoid(gate) (frt_attn_decode_args::gate) as it writes it.
+//
+// Plain pointers and strides (elements), no ggml types. out must not overlap any input, except Q
+// or the gate element for element (each element of out at the address of the same element of Q or
+// of the gate): a cluster writes its query rows only after its barrier, and Q's rows of a key/value
+// head are read only by that head's cluster, before it; each gate value only by the lane that
+// writes the same element, before.
 
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -40,6 +46,12 @@ struct frt_attn_decode_args {
     float *        out;  // head h of token t: out + t*out_token + h*out_head, d floats
     int64_t        out_token, out_head;
     float          scale;
+    // The output gate of qwen35's full-attention layers, or nullptr: out then holds
+    // sigmoid(gate) * attention, with ggml-cuda's expressions for SIGMOID and MUL (1 / (1 + expf(-g)),
+    // then the product), so the same bits as stock's kernels applied to the ungated output. Element
+    // i of head h of token t at gate + t*gate_token + h*gate_head + i.
+    const float *  gate;
+    int64_t        gate_token, gate_head;
 };
 
 // Cells a block of the cluster takes.

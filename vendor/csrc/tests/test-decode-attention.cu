@@ -2,7 +2,12 @@
 // llama.cpp lays them out at decode (Q permuted from [d, heads, tokens], K and V rows of a cache of
 // d x heads_kv halves a cell, the output [d, heads, tokens]). The output is poisoned first; cells
 // the mask hides hold NaN in K and V (unused cache rows may hold anything) and must not leak into
-// the result. Every case runs twice: the second launch must give the same bits. Bad shapes must be
+// the result. Every case runs twice: the second launch must give the same bits. Gated cases read
+// the output gate where qwen35 keeps it (the second half of each head's slice of the q projection;
+// the first halves NaN) and must give sigmoid(gate) * attention within the same bound, and the
+// same bits as the ungated launch's output through stock's SIGMOID and MUL expressions (a small
+// kernel here: host and device expf may round differently), also written in place over Q or over
+// the gate (not poisoned then: the input is restored before each launch). Bad shapes must be
 // refused. Needs a GPU (sm_90: thread-block clusters):
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
 //        vendor/csrc/tests/test-decode-attention.cu -o test-decode-attention && ./test-decode-attention
@@ -26,6 +31,10 @@
         }                                                                                          \
     } while (0)
 
+// Where a gated case writes its output: apart, or in place over Q or over the gate, element for
+// element (as the allocator may place the gate's MUL; the header says why that is safe).
+enum class out_place { apart, over_q, over_gate };
+
 enum class mask_kind {
     none,
     prefix,   // row t sees cells [0, visible - n_q + 1 + t): a causal step over a cache prefix
@@ -38,6 +47,8 @@ struct decode_case {
     int          d, heads, heads_kv, n_q, n_kv;
     mask_kind    mask;
     int          visible;  // mask_kind::prefix
+    bool         gated;    // with the output gate (frt_attn_decode_args::gate)
+    out_place    place;
 };
 
 // A value hidden from every row, as an unused cache row may hold.
@@ -48,6 +59,20 @@ static bool hidden_from_all(const std::vector<float> & mask, int n_q, int n_kv, 
         }
     }
     return true;
+}
+
+// ggml-cuda's SIGMOID (op_sigmoid) and MUL (the fused unary-mul's order; the product commutes) on
+// the ungated output: what stock computes from the same attention values. Gate element i of head h
+// of token t at gate + t*gate_token + h*gate_head + i; attention and out [d, heads, tokens].
+static __global__ void stock_gate_kernel(const float * attention, const float * gate, int64_t gate_token,
+                                         int64_t gate_head, float * out, int d, int heads, int n) {
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) {
+        return;
+    }
+    const int   i = e % d, h = e / d % heads, t = e / (d * heads);
+    const float x = gate[(int64_t) t * gate_token + (int64_t) h * gate_head + i];
+    out[e]        = (1.0f / (1.0f + expf(-x))) * attention[e];
 }
 
 static int run_case(const decode_case & dc, std::mt19937 & rng) {
@@ -80,6 +105,17 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
         }
     }
     const float scale = 1.0f / std::sqrt((float) d);
+    // The gate as qwen35's q projection holds it: head h of token t is [q (d values), gate (d)];
+    // the q halves NaN (the kernel must not read them).
+    std::vector<float> gate(dc.gated ? (size_t) 2 * d * H * T : 0, NAN);
+    const int64_t gate_head = 2 * (int64_t) d, gate_token = 2 * (int64_t) d * H;
+    for (int t = 0; t < T && dc.gated; ++t) {
+        for (int h = 0; h < H; ++h) {
+            for (int i = 0; i < d; ++i) {
+                gate[t * gate_token + h * gate_head + d + i] = 4.0f * uni(rng);
+            }
+        }
+    }
 
     // float64 reference: out[t][h] (layout [d, heads, tokens]).
     std::vector<double> ref((size_t) d * H * T);
@@ -115,12 +151,14 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
                 }
             }
             for (int i = 0; i < d; ++i) {
-                ref[(size_t) t * d * H + (size_t) h * d + i] = o[i] / sum;
+                const double g = dc.gated ? (double) gate[t * gate_token + h * gate_head + d + i] : 0.0;
+                const double sg = dc.gated ? 1.0 / (1.0 + std::exp(-g)) : 1.0;
+                ref[(size_t) t * d * H + (size_t) h * d + i] = sg * o[i] / sum;
             }
         }
     }
 
-    float *  d_q = nullptr, *d_out = nullptr;
+    float *  d_q = nullptr, *d_out = nullptr, *d_gate = nullptr, *d_expect = nullptr;
     __half * d_k = nullptr, *d_v = nullptr, *d_mask = nullptr;
     std::vector<__half> mask16(mask.size());
     for (size_t i = 0; i < mask.size(); ++i) {
@@ -137,6 +175,11 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     CHECK(cudaMemcpy(d_k, k.data(), k.size() * sizeof(__half), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(d_v, v.data(), v.size() * sizeof(__half), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(d_mask, mask16.data(), mask16.size() * sizeof(__half), cudaMemcpyHostToDevice));
+    if (dc.gated) {
+        CHECK(cudaMalloc(&d_gate, gate.size() * sizeof(float)));
+        CHECK(cudaMalloc(&d_expect, ref.size() * sizeof(float)));
+        CHECK(cudaMemcpy(d_gate, gate.data(), gate.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
 
     a.q = d_q, a.q_token = (int64_t) d * H, a.q_head = d;
     a.k = d_k, a.k_cell = (int64_t) G * d, a.k_head = d;
@@ -145,13 +188,50 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     a.out = d_out, a.out_token = (int64_t) d * H, a.out_head = d;
     a.scale = scale;
 
+    // Gated: the ungated launch's output through stock's expressions, for the bits.
+    std::vector<float> expect;
+    if (dc.gated) {
+        CHECK(cudaMemset(d_out, 0xff, ref.size() * sizeof(float)));
+        CHECK(frt_attn_decode(a, 0));
+        const int n = (int) ref.size();
+        stock_gate_kernel<<<(n + 255) / 256, 256>>>(d_out, d_gate + d, gate_token, gate_head, d_expect, d, H, n);
+        CHECK(cudaGetLastError());
+        CHECK(cudaDeviceSynchronize());
+        expect.resize(ref.size());
+        CHECK(cudaMemcpy(expect.data(), d_expect, ref.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        a.gate = d_gate + d, a.gate_token = gate_token, a.gate_head = gate_head;
+    }
+
+    // In place: the output at the input's addresses, with its strides.
+    if (dc.place == out_place::over_q) {
+        a.out = d_q, a.out_token = a.q_token, a.out_head = a.q_head;
+    } else if (dc.place == out_place::over_gate) {
+        a.out = d_gate + d, a.out_token = gate_token, a.out_head = gate_head;
+    }
     std::vector<float> got[2];
     for (int run = 0; run < 2; ++run) {
-        CHECK(cudaMemset(d_out, 0xff, ref.size() * sizeof(float)));  // NaN poison
+        if (dc.place == out_place::over_q) {
+            CHECK(cudaMemcpy(d_q, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
+        } else if (dc.place == out_place::over_gate) {
+            CHECK(cudaMemcpy(d_gate, gate.data(), gate.size() * sizeof(float), cudaMemcpyHostToDevice));
+        } else {
+            CHECK(cudaMemset(d_out, 0xff, ref.size() * sizeof(float)));  // NaN poison
+        }
         CHECK(frt_attn_decode(a, 0));
         CHECK(cudaDeviceSynchronize());
+        std::vector<float> buf(dc.place == out_place::over_gate ? gate.size() : ref.size());
+        CHECK(cudaMemcpy(buf.data(), dc.place == out_place::over_gate ? d_gate : a.out, buf.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
         got[run].resize(ref.size());
-        CHECK(cudaMemcpy(got[run].data(), d_out, ref.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int t = 0; t < T; ++t) {
+            for (int h = 0; h < H; ++h) {
+                for (int i = 0; i < d; ++i) {
+                    const size_t at = dc.place == out_place::over_gate ? t * gate_token + h * gate_head + d + i :
+                                                                         (size_t) t * d * H + (size_t) h * d + i;
+                    got[run][(size_t) t * d * H + (size_t) h * d + i] = buf[at];
+                }
+            }
+        }
     }
 
     double max_err = 0.0;
@@ -164,12 +244,15 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
         max_err = std::max(max_err, std::fabs((double) got[0][i] - ref[i]));
     }
     const bool same   = std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)) == 0;
-    // Outputs are averages of values in [-1, 1]; float sums over <= 1024 cells stay within 1e-5.
-    const bool ok     = not_finite == 0 && max_err <= 1e-4 && same;
-    std::printf("%s %-52s d %3d heads %2d/%d tokens %d cells %4d (%3d a block): max err %.2e, %d not finite%s\n",
+    const bool stock_bits = !dc.gated || std::memcmp(got[0].data(), expect.data(), expect.size() * sizeof(float)) == 0;
+    // Outputs are averages of values in [-1, 1] (gated: times a sigmoid in (0, 1)); float sums over
+    // <= 1024 cells stay within 1e-5.
+    const bool ok     = not_finite == 0 && max_err <= 1e-4 && same && stock_bits;
+    std::printf("%s %-52s d %3d heads %2d/%d tokens %d cells %4d (%3d a block): max err %.2e, %d not finite%s%s\n",
                 ok ? "ok  " : "FAIL", dc.name, d, H, G, T, N, frt_attn_decode_cells_a_block(N), max_err, not_finite,
-                same ? "" : ", second launch differs");
+                same ? "" : ", second launch differs", stock_bits ? "" : ", not stock's bits for the gate");
     cudaFree(d_q), cudaFree(d_out), cudaFree(d_k), cudaFree(d_v), cudaFree(d_mask);
+    cudaFree(d_gate), cudaFree(d_expect);
     return ok ? 0 : 1;
 }
 
@@ -207,6 +290,12 @@ int main() {
         { "1024 cells (128 a block)", 256, 16, 2, 1, 1024, mask_kind::prefix, 1000 },
         { "fewer cells than blocks (5)", 128, 16, 2, 1, 5, mask_kind::none, 0 },
         { "64 query rows a KV head, 8 tokens over 1024 cells", 256, 16, 2, 8, 1024, mask_kind::random, 0 },
+        { "gated: qwen36 decode over 8 cells", 256, 16, 2, 1, 8, mask_kind::prefix, 8, true },
+        { "gated: qwen36 decode over 1000 cells", 256, 16, 2, 1, 1000, mask_kind::prefix, 1000, true },
+        { "gated: qwen3 shape, 4 tokens, random masks", 128, 32, 4, 4, 300, mask_kind::random, 0, true },
+        { "gated: one query head a KV head, 3 tokens", 64, 8, 8, 3, 20, mask_kind::prefix, 20, true },
+        { "gated, in place over Q", 256, 16, 2, 2, 256, mask_kind::prefix, 200, true, out_place::over_q },
+        { "gated, in place over the gate", 128, 32, 4, 4, 300, mask_kind::random, 0, true, out_place::over_gate },
     };
     int failed = 0;
     for (const decode_case & dc : cases) {
