@@ -793,10 +793,12 @@ static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & p
     }
 }
 
+// Off unless GGML_FLASHRT_NORM_HANDOFF=1: the tail that norms lengthened each layer's chain by more
+// than the next launch saved (tg128 -2.1% on the H100, bench/results/2026-12-05-5c9e6d7-h100-gate-handoff).
 static bool norm_handoff_enabled() {
     static const bool enabled = [] {
         const char * v = std::getenv("GGML_FLASHRT_NORM_HANDOFF");
-        return v == nullptr || std::strcmp(v, "0") != 0;
+        return v != nullptr && std::strcmp(v, "1") == 0;
     }();
     return enabled;
 }

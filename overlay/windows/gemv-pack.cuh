@@ -73,7 +73,7 @@ void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph *
 // Handoffs: the kernel that computes a GEMV launch's input also quantizes it (normed first for a
 // norm-fed pack) as the launch's prologue would, into the context's image (counters.cuh), and the
 // launch copies that image (frt_gemv_args::x_q8) instead of reading x after its wait: the same
-// bits, a shorter chain. The norm handoff (on unless GGML_FLASHRT_NORM_HANDOFF=0): MOE_TAIL's
+// bits, a shorter chain. The norm handoff (off unless GGML_FLASHRT_NORM_HANDOFF=1): MOE_TAIL's
 // kernel for the next layer's INPROJ or ATTNQKV launch; GDN's (GGML_FLASHRT_GDN_HANDOFF=0: off)
 // for ssm_out's.
 //
