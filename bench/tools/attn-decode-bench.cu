@@ -16,6 +16,9 @@
 // Build and run (device): nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools \
 //     bench/tools/attn-decode-bench.cu vendor/csrc/decode-attention.cu vendor/csrc/pdl.cu \
 //     -o /tmp/attn-decode-bench && /tmp/attn-decode-bench
+// With -DFRT_ATTN_DECODE_TRACE (both files) the kernel notes the global timer at its phases and a
+// second table gives, per case, when the last launch's blocks passed them (the µs a launch
+// include the marks' cost: a few stores a block).
 
 #include "cuda-check.cuh"
 #include "decode-attention.cuh"
@@ -26,6 +29,7 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace cg = cooperative_groups;
@@ -80,6 +84,30 @@ static double us_per_launch(cudaStream_t stream, int reps, const std::function<v
     return 1000.0 * ms[ms.size() / 2] / reps;
 }
 
+#ifdef FRT_ATTN_DECODE_TRACE
+// The kernel's phase marks (decode-attention.cuh) of its last launch as one table row.
+static std::string phase_row(int n_kv, int visible, bool cold) {
+    constexpr int      blocks = FRT_ATTN_DECODE_SPLIT * heads_kv, phases = FRT_ATTN_DECODE_TRACE_PHASES;
+    unsigned long long marks[FRT_ATTN_DECODE_TRACE_BLOCKS][FRT_ATTN_DECODE_TRACE_PHASES];
+    CHECK(frt_attn_decode_trace(&marks[0][0]));
+    unsigned long long base = marks[0][1];
+    for (int b = 0; b < blocks; ++b) {
+        base = std::min(base, marks[b][1]);
+    }
+    char row[512];
+    int  n = std::snprintf(row, sizeof(row), "| n_kv=%d vis=%d %s |", n_kv, visible, cold ? "cold" : "hot");
+    for (int p = 0; p < phases; ++p) {
+        std::vector<double> us;
+        for (int b = 0; b < blocks; ++b) {
+            us.push_back(((double) marks[b][p] - (double) base) / 1000.0);
+        }
+        std::sort(us.begin(), us.end());
+        n += std::snprintf(row + n, sizeof(row) - n, " %.2f / %.2f |", us[blocks / 2], us.back());
+    }
+    return row;
+}
+#endif
+
 int main() {
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -113,6 +141,9 @@ int main() {
     CHECK(cudaMalloc(&mask, max_kv * sizeof(__half)));
     CHECK(cudaMemcpy(q, qh.data(), qh.size() * sizeof(float), cudaMemcpyHostToDevice));
 
+#ifdef FRT_ATTN_DECODE_TRACE
+    std::vector<std::string> phase_rows;
+#endif
     std::printf("| case | µs a launch |\n|---|---:|\n");
     const int reps = layers;  // cold: every layer's cache once a replay, 96 MB at 256 cells (L2 50 MB)
     std::printf("| empty | %.2f |\n", us_per_launch(stream, reps, [&](int) {
@@ -152,8 +183,20 @@ int main() {
                 CHECK(frt_attn_decode(a, stream));
             });
             std::printf("| attn n_kv=%d vis=%d %s | %.2f |\n", s.n_kv, s.visible, cold ? "cold" : "hot", us);
+#ifdef FRT_ATTN_DECODE_TRACE
+            phase_rows.push_back(phase_row(s.n_kv, s.visible, cold));
+#endif
         }
     }
+#ifdef FRT_ATTN_DECODE_TRACE
+    std::printf("\nPhases of the last launch of a replay, µs from the first block past its PDL wait (median "
+                "block / last block): 0 start, 1 past the wait, 2 loads issued, 3 copies landed, 4 rows scored, "
+                "5 past the cluster barrier, 6 combined and written, 7 end\n\n| case | 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 |\n"
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (const std::string & row : phase_rows) {
+        std::printf("%s\n", row.c_str());
+    }
+#endif
     CHECK(cudaGetLastError());
     return 0;
 }

@@ -6,6 +6,28 @@
 
 namespace cg = cooperative_groups;
 
+#ifdef FRT_ATTN_DECODE_TRACE
+// Measurement builds only (bench/tools/attn-decode-bench.cu): thread 0 of each block notes the
+// global timer at the kernel's phases; the last launch's marks are what frt_attn_decode_trace reads.
+static __device__ unsigned long long decode_trace[FRT_ATTN_DECODE_TRACE_BLOCKS][FRT_ATTN_DECODE_TRACE_PHASES];
+static __device__ __forceinline__ void decode_mark(int phase) {
+    if (threadIdx.x == 0) {
+        const int block = blockIdx.y * gridDim.x + blockIdx.x;
+        if (block < FRT_ATTN_DECODE_TRACE_BLOCKS) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            decode_trace[block][phase] = t;
+        }
+    }
+}
+
+cudaError_t frt_attn_decode_trace(unsigned long long * marks) {
+    return cudaMemcpyFromSymbol(marks, decode_trace, sizeof(decode_trace));
+}
+#else
+static __device__ __forceinline__ void decode_mark(int) {}
+#endif
+
 constexpr int decode_threads     = 256;
 constexpr int decode_warps       = decode_threads / 32;
 constexpr int decode_split       = FRT_ATTN_DECODE_SPLIT;
@@ -87,9 +109,11 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     float *   q_s  = (float *) (v_s + (size_t) cells * D) + warp * D;  // this warp's query row
     float *   part = (float *) (v_s + (size_t) cells * D) + decode_warps * D;
 
+    decode_mark(0);
     // Everything read here is written by earlier kernels (the cache rows of this step included).
     frt_pdl_wait();
     frt_pdl_launch_dependents();
+    decode_mark(1);
 
     // The block's K and V rows, 16 bytes a copy, all in flight at once; each warp's first query row
     // loads meanwhile.
@@ -123,8 +147,10 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         load_q(warp);
         load_mask(warp / gqa);
     }
+    decode_mark(2);
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
+    decode_mark(3);
 
     for (int p = warp; p < pairs; p += decode_warps) {
         if (p != warp) {
@@ -197,6 +223,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         }
     }
 
+    decode_mark(4);
     // The row this warp combines, and its gate's sigmoid (ggml-cuda's op_sigmoid), read before the
     // barrier: off the chain that waits for the slowest block.
     const int p = r + decode_split * warp;
@@ -213,6 +240,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     // Every block's partials are written (and, with the cluster barrier's release and acquire,
     // visible to the cluster).
     cluster.sync();
+    decode_mark(5);
     if (p < pairs) {
         float     mi = -INFINITY, li = 0.0f;
         if (lane < decode_split) {
@@ -245,7 +273,9 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
             out[i] = a.gate != nullptr ? gate_sigmoid[i] * attention : attention;  // stock's fused SIGMOID-MUL order
         }
     }
+    decode_mark(6);
     cluster.sync();  // no block leaves while another still reads its partials
+    decode_mark(7);
 }
 
 const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv) {

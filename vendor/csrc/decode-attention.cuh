@@ -65,3 +65,12 @@ const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q
 // Launches the kernel on `stream` (PDL when enabled); capture-safe. Returns the launch error
 // (cudaErrorInvalidValue for shapes it does not take).
 cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream);
+
+#ifdef FRT_ATTN_DECODE_TRACE
+// Measurement builds only: the global timer (ns) at the phases of the last launch, per block
+// (blockIdx.y * SPLIT + blockIdx.x): 0 start, 1 past the PDL wait, 2 copies and loads issued,
+// 3 copies landed, 4 rows scored, 5 past the cluster barrier, 6 combined and written, 7 end.
+constexpr int FRT_ATTN_DECODE_TRACE_BLOCKS = 64;
+constexpr int FRT_ATTN_DECODE_TRACE_PHASES = 8;
+cudaError_t frt_attn_decode_trace(unsigned long long * marks);  // BLOCKS x PHASES
+#endif
