@@ -84,15 +84,20 @@ template <int E> static __device__ __forceinline__ void decode_load_halves(const
 
 // Shared memory of a block, in floats' worth of bytes: K rows padded by 16 bytes (lanes reading
 // rows lane, lane + 32, ... at one column then hit distinct banks), V rows, a query row a warp,
-// the partial softmax of each query row (max, sum, 2 floats of padding, weighted V).
+// the partials (max, sum, 2 floats of padding, weighted V) of the query rows this block combines,
+// one from each block of the cluster.
 static size_t decode_smem_bytes(int d, int cells, int pairs) {
+    const int slots = (pairs + decode_split - 1) / decode_split * decode_split;
     return (size_t) cells * (d + 8) * sizeof(__half) + (size_t) cells * d * sizeof(__half) +
-           (size_t) decode_warps * d * sizeof(float) + (size_t) pairs * (d + 4) * sizeof(float);
+           (size_t) decode_warps * d * sizeof(float) + (size_t) slots * (d + 4) * sizeof(float);
 }
 
 // Cluster (r, g) of SPLIT blocks: block r scores the cells [r * cells, (r + 1) * cells) of key/value
-// head g for every query row of g (token t, query head h), a warp a row at a time; then, after the
-// cluster barrier, warp w combines row r + SPLIT * w from the partials of all SPLIT blocks.
+// head g for every query row p of g (token t, query head h), a warp a row at a time, and stores the
+// row's partial into the shared memory of the block that combines it (block p % SPLIT, slot
+// (p / SPLIT) * SPLIT + r): remote stores do not wait, where remote loads in the combine cost a
+// round trip each (4.9 µs of a 12 µs launch, attn-decode-bench's phase marks). After the cluster
+// barrier warp w of block r combines row r + SPLIT * w from its own shared memory.
 template <int D>
 static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(const frt_attn_decode_args a) {
     constexpr int E = D / 32, KPAD = D + 8, PS = D + 4;
@@ -110,6 +115,9 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     float *   part = (float *) (v_s + (size_t) cells * D) + decode_warps * D;
 
     decode_mark(0);
+    // Remote shared memory may be written only once its block runs: this arrival, and the wait
+    // before the first remote store, see to it.
+    cluster.barrier_arrive();
     // Everything read here is written by earlier kernels (the cache rows of this step included).
     frt_pdl_wait();
     frt_pdl_launch_dependents();
@@ -151,6 +159,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
     decode_mark(3);
+    cluster.barrier_wait();  // every block of the cluster runs: its shared memory may be written
 
     for (int p = warp; p < pairs; p += decode_warps) {
         if (p != warp) {
@@ -197,22 +206,30 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         for (int i = 0; i < E; ++i) {
             o[i] = 0.0f;
         }
+        // Cells 8 at a time: their weights, then their rows' loads, issued together.
 #pragma unroll
         for (int j = 0; j < decode_cells_lane; ++j) {
-            for (int cc = 0; cc < 32 && 32 * j + cc < n_cells; ++cc) {
-                const float w = __shfl_sync(0xffffffff, e[j], cc, 32);
-                if (w == 0.0f) {
-                    continue;  // hidden: its row may hold anything, even NaN
-                }
-                float vf[E];
-                decode_load_halves<E>(v_s + (32 * j + cc) * D + lane * E, vf);
+            for (int cc0 = 0; cc0 < 32 && 32 * j + cc0 < n_cells; cc0 += 8) {
+                float w[8];
 #pragma unroll
-                for (int i = 0; i < E; ++i) {
-                    o[i] += w * vf[i];
+                for (int u = 0; u < 8; ++u) {
+                    w[u] = __shfl_sync(0xffffffff, e[j], cc0 + u, 32);
+                }
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    // A hidden cell (weight 0) is skipped: its row may hold anything, even NaN.
+                    if (32 * j + cc0 + u < n_cells && w[u] != 0.0f) {
+                        float vf[E];
+                        decode_load_halves<E>(v_s + (32 * j + cc0 + u) * D + lane * E, vf);
+#pragma unroll
+                        for (int i = 0; i < E; ++i) {
+                            o[i] += w[u] * vf[i];
+                        }
+                    }
                 }
             }
         }
-        float * pp = part + p * PS;
+        float * pp = cluster.map_shared_rank(part, p % decode_split) + ((p / decode_split) * decode_split + r) * PS;
         if (lane == 0) {
             pp[0] = m;
             pp[1] = l;
@@ -242,11 +259,11 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     cluster.sync();
     decode_mark(5);
     if (p < pairs) {
-        float     mi = -INFINITY, li = 0.0f;
+        const float * row = part + (size_t) warp * decode_split * PS;  // slots of row p from blocks 0..SPLIT-1
+        float         mi = -INFINITY, li = 0.0f;
         if (lane < decode_split) {
-            const float * rp = cluster.map_shared_rank(part, lane) + p * PS;
-            mi               = rp[0];
-            li               = rp[1];
+            mi = row[lane * PS];
+            li = row[lane * PS + 1];
         }
         const float mx = decode_warp_max(mi);
         const float wi = mi == -INFINITY ? 0.0f : expf(mi - mx);
@@ -260,7 +277,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
 #pragma unroll
         for (int b = 0; b < decode_split; ++b) {
             const float   w  = __shfl_sync(0xffffffff, wi, b, 32);
-            const float * rp = cluster.map_shared_rank(part, b) + p * PS + 4 + lane * E;
+            const float * rp = row + b * PS + 4 + lane * E;
 #pragma unroll
             for (int i = 0; i < E; ++i) {
                 o[i] += w * rp[i];
@@ -274,8 +291,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         }
     }
     decode_mark(6);
-    cluster.sync();  // no block leaves while another still reads its partials
-    decode_mark(7);
+    // No barrier before leaving: after the cluster barrier no block touches another's memory.
 }
 
 const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv) {

@@ -5,8 +5,9 @@
 //   out[t][h] = softmax_c(scale * q[t][h] . k[c] + mask[t][c]) . v[c]      over cells c < n_kv
 // One thread-block cluster of FRT_ATTN_DECODE_SPLIT blocks a key/value head: block r takes the
 // r-th run of cells (at most 128), copies their K and V rows into shared memory in one go, and
-// keeps a partial softmax (max, sum, weighted V) per query row of the head; after a cluster
-// barrier block r combines query rows r, r + SPLIT, ... from every block's shared memory. No
+// stores a partial softmax (max, sum, weighted V) per query row of the head into the shared memory
+// of the block that combines that row; after a cluster barrier block r combines query rows r,
+// r + SPLIT, ... from its own shared memory. No
 // scratch in global memory, no counters, no second kernel. Scores, softmax and sums in float from
 // F16 K and V; not stock's order of summation (stock's flash attention is not bit-stable across
 // its own kernels either).
@@ -69,8 +70,9 @@ cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream)
 #ifdef FRT_ATTN_DECODE_TRACE
 // Measurement builds only: the global timer (ns) at the phases of the last launch, per block
 // (blockIdx.y * SPLIT + blockIdx.x): 0 start, 1 past the PDL wait, 2 copies and loads issued,
-// 3 copies landed, 4 rows scored, 5 past the cluster barrier, 6 combined and written, 7 end.
+// 3 copies landed, 4 rows scored and their partials stored, 5 past the cluster barrier, 6 combined
+// and written (the end).
 constexpr int FRT_ATTN_DECODE_TRACE_BLOCKS = 64;
-constexpr int FRT_ATTN_DECODE_TRACE_PHASES = 8;
+constexpr int FRT_ATTN_DECODE_TRACE_PHASES = 7;
 cudaError_t frt_attn_decode_trace(unsigned long long * marks);  // BLOCKS x PHASES
 #endif
