@@ -1,7 +1,7 @@
 #pragma once
 
 // Device memory that window kernels keep per backend context: counters they count on and leave at
-// zero (a "last block finishes the work" pattern: the MoE tail in the experts' down launch; GDN's
+// zero (or, for MOE_TAIL's norm handoff, one that only grows) (a "last block finishes the work" pattern: the MoE tail in the experts' down launch; GDN's
 // one-launch flags), and the handoff's image (a kernel hands the next GEMV launch its input already
 // normed and quantized: frt_gemv_args::x_q8). One array per context, each use its own
 // slice; allocated and zeroed by a window's prepare hook (never under CUDA graph capture), freed
@@ -13,6 +13,7 @@ enum class flashrt_counter_use {
     gdn_flags,    // GDN's one launch: one per key head (at most 256)
     moe_tail,     // one per 4 rows of an FFN's output (n_embd up to 8192)
     handoff,      // not counters: one vector's x_q8 image (up to FRT_X_Q8_MAX_K values), 16-byte aligned
+    tail_norm,    // MOE_TAIL's norm handoff: an arrival counter that only grows, and 32 warp sums
 };
 
 // Counters of `use` in the slice (how many the kernel may touch).

@@ -139,8 +139,8 @@ flashrt_match flashrt_match_moe_tail(const ggml_cgraph * cgraph, int i) {
 
 // The norm that reads the run's output right after it (the next layer's input norm), when the pack
 // at that norm takes its input quantized (the norm handoff, gemv-pack.cuh): its node, weight and
-// eps; else -1. The tail kernel then norms and quantizes one token's output in one block of 1024
-// threads (frt_moe_tail_args::x_q8).
+// eps; else -1. The tail kernel then also norms and quantizes one token's output
+// (frt_moe_tail_args::x_q8).
 static int handoff_norm(const ggml_cgraph * cgraph, const flashrt_moe_tail_run & r, const float ** weight,
                         float * eps) {
     const int64_t n_embd = r.out->ne[0];
@@ -183,9 +183,10 @@ void flashrt_run_moe_tail_at(ggml_backend_cuda_context & ctx, const ggml_cgraph 
     const int     norm   = hand_off ? handoff_norm(cgraph, r, &norm_w, &eps) : -1;
     void *        image  = norm >= 0 ? flashrt_counters_of(ctx, flashrt_counter_use::handoff) : nullptr;
     if (image != nullptr) {  // none when no direct evaluation prepared the context's counters
-        a.norm_w   = norm_w;
-        a.norm_eps = eps;
-        a.x_q8     = image;
+        a.norm_w       = norm_w;
+        a.norm_eps     = eps;
+        a.x_q8         = image;
+        a.norm_scratch = flashrt_counters_of(ctx, flashrt_counter_use::tail_norm);
     }
     FLASHRT_CHECK("MOE_TAIL", frt_moe_tail(a, ctx.stream()));
     if (image != nullptr) {

@@ -2,10 +2,6 @@
 #include "pdl.cuh"
 #include "q8-x.cuh"
 
-#include <cooperative_groups.h>
-
-namespace cg = cooperative_groups;
-
 constexpr int moe_tail_threads = 256;  // moe_weighted_reduction_f32's block
 
 // early: the dependents may start now (frt_pdl_early_dependents); their wait covers our writes.
@@ -29,29 +25,34 @@ static __global__ void __launch_bounds__(moe_tail_threads) frt_moe_tail_kernel(c
 }
 
 // The norm's block as ggml-cuda's rms_norm runs it for n_embd >= 1024: 1024 threads, thread T
-// adding the squares of columns T, T + 1024, ... in that order. Here that block is a cluster of
-// 8 blocks of 128 threads (block r plays stock's threads 128r .. 128r + 127, its warps 4r .. 4r +
-// 3), so that the tail's loads are spread over 8 SMs: one block of 512 threads doing them all took
-// 8.8 us a layer against 3.5 for the plain tail (H100 trace, bench/results 2026-12-05).
-constexpr int moe_tail_norm_split   = 8;
-constexpr int moe_tail_norm_threads = 1024 / moe_tail_norm_split;
+// adding the squares of columns T, T + 1024, ... in that order. Here that block is 8 blocks of 128
+// threads (block r plays stock's threads 128r .. 128r + 127, its warps 4r .. 4r + 3), so that the
+// tail's loads are spread over 8 SMs as the plain tail's are. Measured before (H100 traces,
+// bench/results 2026-12-05): one block of 512 threads doing all the loads, 8.8 us a layer; a
+// cluster of 8 blocks, 7.6 (it started late: a cluster waits for 8 SMs of one GPC at once); the
+// plain tail 3.6. The 8 blocks meet at a counter instead.
+constexpr int moe_tail_norm_blocks  = 8;
+constexpr int moe_tail_norm_threads = 1024 / moe_tail_norm_blocks;
 constexpr int moe_tail_norm_warps   = moe_tail_norm_threads / 32;
 constexpr int moe_tail_norm_cols    = FRT_MOE_TAIL_NORM_MAX_EMBD / 1024;  // columns a thread
 
 // One token's tail, then the next norm of its output quantized (frt_moe_tail_args::x_q8): each
-// thread computes and writes its columns and adds their squares in stock's order; each block's
-// warp sums go to shared memory; after the cluster barrier every warp reads stock's 32 warp sums
-// from the 8 blocks in stock's order and reduces them as rms_norm does; then each warp norms its
-// 32 consecutive columns (one q8 block each) and quantizes them as the GEMV prologue would
-// (q8-x.cuh). The image thus holds the bits the next launch's prologue would compute from `out`.
+// thread computes and writes its columns and adds their squares in stock's order; each warp's sum
+// goes to norm_scratch; the blocks meet at its counter (the launch's 8 arrivals complete a multiple
+// of 8: no reset between launches); every warp then reads stock's 32 warp sums in stock's order and
+// reduces them as rms_norm does, norms its 32 consecutive columns (one q8 block) and quantizes them
+// as the GEMV prologue would (q8-x.cuh). The image holds the bits the next launch's prologue would
+// compute from `out`. Waiting for the other blocks cannot hang: a block waits only once it has let
+// its dependents start, which they do only when every block of this launch has done the same (and
+// the launch before ours waits for nothing of ours).
 static __global__ void __launch_bounds__(moe_tail_norm_threads)
     frt_moe_tail_norm_kernel(const frt_moe_tail_args a, bool early) {
     constexpr unsigned full = 0xffffffffu;
-    __shared__ float   warp_sums[moe_tail_norm_warps];  // of stock's warps 4r .. 4r + 3
-    cg::cluster_group  cluster = cg::this_cluster();
     const int          tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int          thread = (int) cluster.block_rank() * moe_tail_norm_threads + tid;  // stock's
+    const int          thread = blockIdx.x * moe_tail_norm_threads + tid;  // stock's
     const int          n      = a.n_embd;
+    unsigned *         arrivals  = a.norm_scratch;
+    float *            warp_sums = (float *) (a.norm_scratch + 4);
     // The norm's weights before the wait: no kernel writes them.
     float w[moe_tail_norm_cols];
 #pragma unroll
@@ -88,20 +89,29 @@ static __global__ void __launch_bounds__(moe_tail_norm_threads)
         ss += __shfl_xor_sync(full, ss, offset);
     }
     if (lane == 0) {
-        warp_sums[warp] = ss;
+        warp_sums[blockIdx.x * moe_tail_norm_warps + warp] = ss;
+        __threadfence();  // visible to the device before this block arrives
     }
-    cluster.sync();
-    // Lane l holds stock's warp l's sum: block l / 4's warp l % 4.
-    float sum = cluster.map_shared_rank(warp_sums, lane / moe_tail_norm_warps)[lane % moe_tail_norm_warps];
-    cluster.barrier_arrive();  // read: a block may leave once every block has read
+    if (!early) {
+        frt_pdl_launch_dependents();  // before the meeting: see above
+    }
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned ticket = atomicAdd(arrivals, 1u);
+        const unsigned target = ticket - ticket % moe_tail_norm_blocks + moe_tail_norm_blocks;
+        while ((int) (*(volatile unsigned *) arrivals - target) < 0) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+    float sum = __ldcg(warp_sums + lane);  // stock's warp `lane`, from L2
     for (int offset = 16; offset > 0; offset >>= 1) {
         sum += __shfl_xor_sync(full, sum, offset);
     }
     const float mean  = sum / n;
     const float scale = rsqrtf(mean + a.norm_eps);
-    frt_pdl_launch_dependents();
-    int8_t * xq = (int8_t *) a.x_q8;
-    uint2 *  xm = (uint2 *) ((uint8_t *) a.x_q8 + n);
+    int8_t *    xq    = (int8_t *) a.x_q8;
+    uint2 *     xm    = (uint2 *) ((uint8_t *) a.x_q8 + n);
     // n is a multiple of 128: a warp's 32 columns, one q8 block, are all in range or all out.
 #pragma unroll
     for (int j = 0; j < moe_tail_norm_cols; ++j) {
@@ -110,7 +120,6 @@ static __global__ void __launch_bounds__(moe_tail_norm_threads)
             frt_quantize_q8_lane(v[j] * scale * w[j], lane, xq + (col - lane), xm + col / 32);
         }
     }
-    cluster.barrier_wait();
 }
 
 cudaError_t frt_moe_tail(const frt_moe_tail_args & a, cudaStream_t stream) {
@@ -119,12 +128,12 @@ cudaError_t frt_moe_tail(const frt_moe_tail_args & a, cudaStream_t stream) {
     }
     if (a.x_q8 != nullptr) {
         if (a.tokens != 1 || a.n_embd % 128 != 0 || a.n_embd < 1024 || a.n_embd > 1024 * moe_tail_norm_cols ||
-            a.norm_w == nullptr ||
+            a.norm_w == nullptr || a.norm_scratch == nullptr || (uintptr_t) a.norm_scratch % 16 != 0 ||
             (uintptr_t) a.norm_w % 16 != 0 || (uintptr_t) a.x_q8 % 16 != 0) {
             return cudaErrorInvalidValue;
         }
-        return frt_launch_clustered(frt_moe_tail_norm_kernel, dim3(moe_tail_norm_split), dim3(moe_tail_norm_threads), 0,
-                                    stream, moe_tail_norm_split, a, frt_pdl_early_dependents());
+        return frt_launch(frt_moe_tail_norm_kernel, dim3(moe_tail_norm_blocks), dim3(moe_tail_norm_threads), 0, stream,
+                          a, frt_pdl_early_dependents());
     }
     const dim3 grid(a.tokens, (a.n_embd + moe_tail_threads - 1) / moe_tail_threads);
     return frt_launch(frt_moe_tail_kernel, grid, dim3(moe_tail_threads), 0, stream, a, frt_pdl_early_dependents());

@@ -39,14 +39,18 @@ struct frt_moe_tail_args {
     // written as frt_gemv_args::x_q8's image (q8-x.cuh), for the next launch's matvecs: the norm
     // and the quantization leave that launch's prologue. n_embd a multiple of 128, from 1024
     // (stock's norm block of 1024 threads) to FRT_MOE_TAIL_NORM_MAX_EMBD; norm_w and x_q8 16-byte
-    // aligned, x_q8 apart from every input.
+    // aligned, x_q8 apart from every input. norm_scratch: FRT_MOE_TAIL_NORM_SCRATCH words of device
+    // memory, zeroed once and then left to the launches (an arrival counter that only grows, and
+    // the norm's warp sums), used by one stream's launches one after another.
     const float * norm_w;
     float         norm_eps;
     void *        x_q8;
+    unsigned *    norm_scratch;
 };
 
 constexpr int FRT_MOE_TAIL_MAX_USED = 16;
 constexpr int FRT_MOE_TAIL_NORM_MAX_EMBD = 4096;
+constexpr int FRT_MOE_TAIL_NORM_SCRATCH  = 4 + 32;  // the counter (16-byte slot), stock's 32 warp sums
 
 #ifdef __CUDACC__
 // One output of the tail: slot k's expert value is expert(k). The one expression both

@@ -1380,7 +1380,12 @@ bool run_handoff_case(const handoff_case & hc, std::mt19937_64 & rng) {
     float * d_nan_x    = upload_poisoned(n);
     const int bytes    = frt_x_q8_bytes(n);
     uint8_t * d_image  = upload(std::vector<uint8_t>(bytes, 0xff));
-    bool      ok       = true;
+    // The norm's scratch as a context leaves it after other launches: its counter not at zero, its
+    // sums another vector's (a launch before the checked one, into its own output and image).
+    unsigned * d_scratch = upload(std::vector<unsigned>(FRT_MOE_TAIL_NORM_SCRATCH, 0u));
+    float *    d_before  = upload_poisoned(n);
+    uint8_t *  d_image_before = upload(std::vector<uint8_t>(bytes, 0xff));
+    bool       ok        = true;
 
     frt_moe_tail_args t{};
     t.n_embd = n, t.n_used = n_used, t.tokens = 1;
@@ -1388,9 +1393,13 @@ bool run_handoff_case(const handoff_case & hc, std::mt19937_64 & rng) {
     t.weights = d_weights, t.shexp = d_shexp, t.gate = d_gate, t.residual = d_residual, t.out = d_plain;
     t.shexp_token = n, t.residual_token = n, t.out_token = n, t.weights_token = n_used, t.gate_token = 1;
     CHECK(frt_moe_tail(t, 0));
+    frt_moe_tail_args before = t;
+    before.out = d_before, before.experts = d_residual, before.experts_slot = 0;  // another vector
+    before.norm_w = d_norm, before.norm_eps = eps, before.x_q8 = d_image_before, before.norm_scratch = d_scratch;
+    CHECK(frt_moe_tail(before, 0));
     frt_moe_tail_args h = t;
     h.out = d_out, h.residual = hc.in_place ? d_in_place : d_residual;
-    h.norm_w = d_norm, h.norm_eps = eps, h.x_q8 = d_image;
+    h.norm_w = d_norm, h.norm_eps = eps, h.x_q8 = d_image, h.norm_scratch = d_scratch;
     CHECK(frt_moe_tail(h, 0));
 
     // The pack: with the norm in the prologue over the plain tail's output, and from the image.
@@ -1480,7 +1489,8 @@ bool run_handoff_case(const handoff_case & hc, std::mt19937_64 & rng) {
         }
     }
     for (void * m : { (void *) d_experts, (void *) d_shexp, (void *) d_weights, (void *) d_gate, (void *) d_residual,
-                      (void *) d_norm, (void *) d_in_place, (void *) d_plain, (void *) d_nan_x, (void *) d_image }) {
+                      (void *) d_norm, (void *) d_in_place, (void *) d_plain, (void *) d_nan_x, (void *) d_image,
+                      (void *) d_scratch, (void *) d_before, (void *) d_image_before }) {
         CHECK(cudaFree(m));
     }
     if (!hc.in_place) {
@@ -1505,7 +1515,7 @@ bool run_handoff_refusals() {
     alignas(16) static float dummy[64];
     frt_moe_tail_args t{};
     t.n_embd = 2048, t.n_used = 8, t.tokens = 1, t.experts = dummy, t.weights = dummy, t.shexp = dummy;
-    t.gate = dummy, t.residual = dummy, t.out = dummy, t.norm_w = dummy, t.x_q8 = dummy;
+    t.gate = dummy, t.residual = dummy, t.out = dummy, t.norm_w = dummy, t.x_q8 = dummy, t.norm_scratch = (unsigned *) dummy;
     const auto tail_refuses = [&](const char * what, frt_moe_tail_args bad) {
         if (frt_moe_tail(bad, 0) != cudaErrorInvalidValue) {
             std::printf("     handoff: frt_moe_tail took %s\n", what);
@@ -1524,6 +1534,10 @@ bool run_handoff_refusals() {
     tail_refuses("a misaligned image", bad);
     bad = t, bad.norm_w = nullptr;
     tail_refuses("no norm weight", bad);
+    bad = t, bad.norm_scratch = nullptr;
+    tail_refuses("no scratch", bad);
+    bad = t, bad.norm_scratch = (unsigned *) dummy + 1;
+    tail_refuses("a misaligned scratch", bad);
     frt_gemv_args a{};
     a.x = dummy, a.x_stride = 2048, a.k = 2048, a.tokens = 1, a.x_per_token = 1, a.norm = dummy, a.x_q8 = dummy;
     a.n_segments = 1;
