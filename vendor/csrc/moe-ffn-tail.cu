@@ -25,75 +25,68 @@ static __global__ void __launch_bounds__(moe_tail_threads) frt_moe_tail_kernel(c
 }
 
 // The norm's block as ggml-cuda's rms_norm runs it for n_embd >= 1024: 1024 threads, thread T
-// adding the squares of columns T, T + 1024, ... in that order. Here that block is 8 blocks of 128
-// threads (block r plays stock's threads 128r .. 128r + 127, its warps 4r .. 4r + 3), so that the
-// tail's loads are spread over 8 SMs as the plain tail's are. Measured before (H100 traces,
-// bench/results 2026-12-05): one block of 512 threads doing all the loads, 8.8 us a layer; a
-// cluster of 8 blocks, 7.6 (it started late: a cluster waits for 8 SMs of one GPC at once); the
-// plain tail 3.6. The 8 blocks meet at a counter instead.
-constexpr int moe_tail_norm_blocks  = 8;
-constexpr int moe_tail_norm_threads = 1024 / moe_tail_norm_blocks;
-constexpr int moe_tail_norm_warps   = moe_tail_norm_threads / 32;
-constexpr int moe_tail_norm_cols    = FRT_MOE_TAIL_NORM_MAX_EMBD / 1024;  // columns a thread
+// adding the squares of columns T, T + 1024, ... in that order. Here that block is 8 blocks, block
+// r playing stock's threads 128r .. 128r + 127 (its warps 4r .. 4r + 3) with one of our threads a
+// column, as the plain tail has (its loads in one round trip): thread (h, i) of block r computes
+// column 128r + i + 1024h. Measured before (H100 traces, bench/results 2026-12-05): one block of
+// 512 threads doing all the loads, 8.8 us a layer; a cluster of 8 blocks, 7.6 (it started late: a
+// cluster waits for 8 SMs of one GPC at once); the plain tail 3.6. The 8 blocks meet at a counter.
+constexpr int moe_tail_norm_blocks = 8;
+constexpr int moe_tail_norm_stock  = 1024 / moe_tail_norm_blocks;  // stock's threads a block plays
+constexpr int moe_tail_norm_warps  = moe_tail_norm_stock / 32;
+constexpr int moe_tail_norm_cols   = FRT_MOE_TAIL_NORM_MAX_EMBD / 1024;  // columns a stock thread
 
 // One token's tail, then the next norm of its output quantized (frt_moe_tail_args::x_q8): each
-// thread computes and writes its columns and adds their squares in stock's order; each warp's sum
-// goes to norm_scratch; the blocks meet at its counter (the launch's 8 arrivals complete a multiple
-// of 8: no reset between launches); every warp then reads stock's 32 warp sums in stock's order and
-// reduces them as rms_norm does, norms its 32 consecutive columns (one q8 block) and quantizes them
-// as the GEMV prologue would (q8-x.cuh). The image holds the bits the next launch's prologue would
-// compute from `out`. Waiting for the other blocks cannot hang: a block waits only once it has let
-// its dependents start, which they do only when every block of this launch has done the same (and
-// the launch before ours waits for nothing of ours).
-static __global__ void __launch_bounds__(moe_tail_norm_threads)
+// thread computes and writes its column; the first 128 threads of a block add the squares of their
+// stock thread's columns in stock's order and reduce each warp as stock does, into norm_scratch;
+// the blocks meet at its counter (a launch's 8 arrivals complete a multiple of 8: no reset between
+// launches); every warp then reads stock's 32 warp sums in stock's order and reduces them as
+// rms_norm does, norms its 32 consecutive columns (one q8 block) and quantizes them as the GEMV
+// prologue would (q8-x.cuh). The image holds the bits the next launch's prologue would compute from
+// `out`. Waiting for the other blocks cannot hang: a block waits only once it has let its
+// dependents start, which they do only when every block of this launch has done the same (and the
+// launch before ours waits for nothing of ours).
+static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_cols)
     frt_moe_tail_norm_kernel(const frt_moe_tail_args a, bool early) {
     constexpr unsigned full = 0xffffffffu;
+    __shared__ float   values[moe_tail_norm_cols][moe_tail_norm_stock];
     const int          tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int          thread = blockIdx.x * moe_tail_norm_threads + tid;  // stock's
-    const int          n      = a.n_embd;
+    const int          h = tid / moe_tail_norm_stock, i = tid % moe_tail_norm_stock;
+    const int          col = blockIdx.x * moe_tail_norm_stock + i + 1024 * h;
+    const int          n   = a.n_embd;
     unsigned *         arrivals  = a.norm_scratch;
     float *            warp_sums = (float *) (a.norm_scratch + 4);
-    // The norm's weights before the wait: no kernel writes them.
-    float w[moe_tail_norm_cols];
-#pragma unroll
-    for (int j = 0; j < moe_tail_norm_cols; ++j) {
-        const int col = thread + 1024 * j;
-        w[j]          = col < n ? a.norm_w[col] : 0.0f;
-    }
+    // The norm's weight before the wait: no kernel writes it.
+    const float w = col < n ? a.norm_w[col] : 0.0f;
     if (early) {
         frt_pdl_launch_dependents();
     }
     frt_pdl_wait();
-    // A thread reads its columns of every input before it writes them: `out` may alias a slot or
-    // the residual, column for column.
-    const float gate = a.gate[0];
-    float       v[moe_tail_norm_cols];
-#pragma unroll
-    for (int j = 0; j < moe_tail_norm_cols; ++j) {
-        const int col = thread + 1024 * j;
-        if (col < n) {
-            v[j] = frt_moe_tail_value([&](int k) { return a.experts[k * a.experts_slot + col]; }, a.weights, a.n_used,
-                                      gate, a.shexp[col], a.residual[col]);
-        }
+    // A thread reads its column of every input before it writes it: `out` may alias a slot or the
+    // residual, column for column.
+    float v = 0.0f;
+    if (col < n) {
+        v = frt_moe_tail_value([&](int k) { return a.experts[k * a.experts_slot + col]; }, a.weights, a.n_used,
+                               a.gate[0], a.shexp[col], a.residual[col]);
+        a.out[col] = v;
     }
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < moe_tail_norm_cols; ++j) {
-        const int col = thread + 1024 * j;
-        if (col < n) {
-            a.out[col] = v[j];
-            ss += v[j] * v[j];
-        }
-    }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        ss += __shfl_xor_sync(full, ss, offset);
-    }
-    if (lane == 0) {
-        warp_sums[blockIdx.x * moe_tail_norm_warps + warp] = ss;
-        __threadfence();  // visible to the device before this block arrives
-    }
+    values[h][i] = v;
     if (!early) {
         frt_pdl_launch_dependents();  // before the meeting: see above
+    }
+    __syncthreads();
+    if (h == 0) {
+        float ss = 0.0f;
+        for (int j = 0; j < moe_tail_norm_cols && i + 1024 * j + blockIdx.x * moe_tail_norm_stock < n; ++j) {
+            ss += values[j][i] * values[j][i];
+        }
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            ss += __shfl_xor_sync(full, ss, offset);
+        }
+        if (lane == 0) {
+            warp_sums[blockIdx.x * moe_tail_norm_warps + warp] = ss;
+            __threadfence();  // visible to the device before this block arrives
+        }
     }
     __syncthreads();
     if (tid == 0) {
@@ -110,15 +103,10 @@ static __global__ void __launch_bounds__(moe_tail_norm_threads)
     }
     const float mean  = sum / n;
     const float scale = rsqrtf(mean + a.norm_eps);
-    int8_t *    xq    = (int8_t *) a.x_q8;
-    uint2 *     xm    = (uint2 *) ((uint8_t *) a.x_q8 + n);
     // n is a multiple of 128: a warp's 32 columns, one q8 block, are all in range or all out.
-#pragma unroll
-    for (int j = 0; j < moe_tail_norm_cols; ++j) {
-        const int col = thread + 1024 * j;
-        if (col < n) {
-            frt_quantize_q8_lane(v[j] * scale * w[j], lane, xq + (col - lane), xm + col / 32);
-        }
+    if (col < n) {
+        frt_quantize_q8_lane(v * scale * w, lane, (int8_t *) a.x_q8 + (col - lane),
+                             (uint2 *) ((uint8_t *) a.x_q8 + n) + col / 32);
     }
 }
 
@@ -132,8 +120,9 @@ cudaError_t frt_moe_tail(const frt_moe_tail_args & a, cudaStream_t stream) {
             (uintptr_t) a.norm_w % 16 != 0 || (uintptr_t) a.x_q8 % 16 != 0) {
             return cudaErrorInvalidValue;
         }
-        return frt_launch(frt_moe_tail_norm_kernel, dim3(moe_tail_norm_blocks), dim3(moe_tail_norm_threads), 0, stream,
-                          a, frt_pdl_early_dependents());
+        const int stock_cols = (a.n_embd + 1023) / 1024;  // columns a stock thread
+        return frt_launch(frt_moe_tail_norm_kernel, dim3(moe_tail_norm_blocks), dim3(moe_tail_norm_stock * stock_cols), 0,
+                          stream, a, frt_pdl_early_dependents());
     }
     const dim3 grid(a.tokens, (a.n_embd + moe_tail_threads - 1) / moe_tail_threads);
     return frt_launch(frt_moe_tail_kernel, grid, dim3(moe_tail_threads), 0, stream, a, frt_pdl_early_dependents());
