@@ -11,13 +11,16 @@
 #include <string>
 #include <vector>
 
-static bool env_is_one(const char * name) {
+bool flashrt_env_flag(const char * name, bool by_default) {
     const char * v = std::getenv(name);
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    if (v == nullptr) {
+        return by_default;
+    }
+    return by_default ? std::strcmp(v, "0") != 0 : std::strcmp(v, "1") == 0;
 }
 
 bool flashrt_debug_enabled() {
-    static const bool enabled = env_is_one("GGML_FLASHRT_DEBUG");
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_DEBUG", false);
     return enabled;
 }
 
@@ -53,7 +56,7 @@ void flashrt_log_launch(const char * window, uint64_t bytes, const std::string &
 }
 
 bool flashrt_stats_enabled() {
-    static const bool enabled = env_is_one("FRT_STATS");
+    static const bool enabled = flashrt_env_flag("FRT_STATS", false);
     return enabled;
 }
 

@@ -40,6 +40,10 @@ struct flashrt_stats {
 };
 
 bool flashrt_debug_enabled();
+
+// A boolean switch in the environment: unset, `by_default`; set, on unless "0" when on by default,
+// on only at "1" when off by default. Callers cache it (a static): the environment is read once.
+bool flashrt_env_flag(const char * name, bool by_default);
 bool flashrt_stats_enabled();
 flashrt_stats & flashrt_global_stats();
 

@@ -92,10 +92,7 @@ bool flashrt_window_enabled(const char * name) {
 }
 
 bool flashrt_multi_token_enabled() {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_MULTI_TOKEN");
-        return v == nullptr || std::strcmp(v, "0") != 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_MULTI_TOKEN", true);
     return enabled;
 }
 
@@ -354,10 +351,7 @@ struct flashrt_pass_windows {
 };
 
 static bool match_cache_enabled() {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_MATCH_CACHE");
-        return v == nullptr || std::strcmp(v, "0") != 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_MATCH_CACHE", true);
     return enabled;
 }
 

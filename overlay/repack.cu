@@ -11,10 +11,7 @@
 #include <tuple>
 
 bool flashrt_repack_cache_enabled() {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_CUDA_FLASHRT_NO_CACHE");
-        return v == nullptr || std::strcmp(v, "1") != 0;
-    }();
+    static const bool enabled = !flashrt_env_flag("GGML_CUDA_FLASHRT_NO_CACHE", false);
     return enabled;
 }
 

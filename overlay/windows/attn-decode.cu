@@ -5,8 +5,6 @@
 #include "decode-attention.cuh"
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 static bool aligned16(const ggml_tensor * t) {
     return t->nb[0] == sizeof(ggml_fp16_t) && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && (uintptr_t) t->data % 16 == 0;
@@ -54,19 +52,13 @@ static const char * attn_decode_miss(const ggml_tensor * fa) {
 // the CONT's input in place: stock's CONT and fused SIGMOID-MUL kernels are not launched. On unless
 // GGML_FLASHRT_ATTN_GATE=0.
 static bool attn_gate_enabled() {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_ATTN_GATE");
-        return v == nullptr || std::strcmp(v, "0") != 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_GATE", true);
     return enabled;
 }
 
 // Experiment, off unless GGML_FLASHRT_ATTN_SCORE_DIMS=1: frt_attn_decode_args::score_by_dims.
 static bool attn_score_by_dims() {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_ATTN_SCORE_DIMS");
-        return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_SCORE_DIMS", false);
     return enabled;
 }
 

@@ -1,6 +1,7 @@
 #include "gdn.cuh"
 #include "window-util.cuh"
 #include "../counters.cuh"
+#include "../diagnostics.cuh"
 #include "gemv-pack.cuh"
 #include "q8-x.cuh"
 
@@ -9,8 +10,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 // The block spans ~60 nodes, most of them views.
@@ -342,20 +341,14 @@ flashrt_match flashrt_match_gdn(const ggml_cgraph * cgraph, int i) {
 // (overlay/counters). On by default (measured with ROUTER and MOE_TAIL, registry.cu);
 // GGML_FLASHRT_GDN_ONE_LAUNCH=0 keeps two launches.
 static bool gdn_one_launch_enabled() {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_GDN_ONE_LAUNCH");
-        return v == nullptr || std::strcmp(v, "0") != 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_GDN_ONE_LAUNCH", true);
     return enabled;
 }
 
 // GDN's handoff (gemv-pack.cuh): at one sequence the kernel also writes its output quantized for
 // ssm_out's launch. On unless GGML_FLASHRT_GDN_HANDOFF=0.
 static bool gdn_handoff_enabled() {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_GDN_HANDOFF");
-        return v == nullptr || std::strcmp(v, "0") != 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_GDN_HANDOFF", true);
     return enabled;
 }
 

@@ -153,10 +153,7 @@ static bool is_lm_head_weight(const ggml_tensor * w) {
 
 // GGML_FLASHRT_HEAD_BATCH=1: the LM head at up to FLASHRT_GEMV_HEAD_MAX_TOKENS tokens (gemv-pack.cuh).
 static bool head_batch() {
-    static const bool on = [] {
-        const char * v = std::getenv("GGML_FLASHRT_HEAD_BATCH");
-        return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
+    static const bool on = flashrt_env_flag("GGML_FLASHRT_HEAD_BATCH", false);
     return on;
 }
 
@@ -380,10 +377,7 @@ bool flashrt_gemv_early_safe(const ggml_cgraph * cgraph, int run_at, const flash
 // allocator lends its output's memory to the nodes before it. test-backend-ops allocates every
 // tensor apart, so only this switch takes that path there.
 static bool late_for_test() {
-    static const bool late = [] {
-        const char * v = std::getenv("GGML_FLASHRT_GEMV_LATE");
-        return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
+    static const bool late = flashrt_env_flag("GGML_FLASHRT_GEMV_LATE", false);
     return late;
 }
 
@@ -655,10 +649,7 @@ static constexpr int guess_lookback = 64;
 // add_guess, on unless GGML_FLASHRT_GUESS_EXPERTS=0 (tg128 1.350x -> 1.379x, the same bits:
 // bench/results/2026-12-01-f122c62-h200-guess-serve).
 static bool guess_enabled() {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_GUESS_EXPERTS");
-        return v == nullptr || std::strcmp(v, "0") != 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_GUESS_EXPERTS", true);
     return enabled;
 }
 
@@ -720,10 +711,7 @@ static void add_guess(const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack
 
 // add_prefetch, with GGML_FLASHRT_L2_PREFETCH=1 (an experiment until measured in decode).
 static bool l2_prefetch_enabled() {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_L2_PREFETCH");
-        return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_L2_PREFETCH", false);
     return enabled;
 }
 
@@ -796,10 +784,7 @@ static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & p
 // Off unless GGML_FLASHRT_NORM_HANDOFF=1: the tail that norms lengthened each layer's chain by more
 // than the next launch saved (tg128 -2.1% on the H100, bench/results/2026-12-05-5c9e6d7-h100-gate-handoff).
 static bool norm_handoff_enabled() {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_NORM_HANDOFF");
-        return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_NORM_HANDOFF", false);
     return enabled;
 }
 
@@ -1228,10 +1213,7 @@ static void add_own_input_matvec(const ggml_cgraph * cgraph, int i, const ggml_t
                                  flashrt_gemv_pack & pack) {
     // GGML_FLASHRT_DOWN_PAIR=0: the shared expert's down projection keeps a launch of its own (to
     // bisect).
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_DOWN_PAIR");
-        return v == nullptr || std::strcmp(v, "0") != 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_DOWN_PAIR", true);
     const ggml_tensor * anchor = cgraph->nodes[i];
     if (!enabled) {
         return;
@@ -1282,10 +1264,7 @@ static void add_own_input_matvec(const ggml_cgraph * cgraph, int i, const ggml_t
 // pack stays as it is. Off by default: the H200 trace has the fused launch slower than the two
 // (bench/results/2026-12-01-a79dd2b-h200-down-tail-v2).
 static void add_moe_tail(const ggml_cgraph * cgraph, const ggml_tensor * input, flashrt_gemv_pack & pack) {
-    static const bool enabled = [] {
-        const char * v = std::getenv("GGML_FLASHRT_DOWN_TAIL");
-        return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_DOWN_TAIL", false);
     if (!enabled || !flashrt_window_enabled("MOE_TAIL") || pack.n != 2 || pack.there[0] || pack.there[1]) {
         return;
     }
