@@ -92,12 +92,6 @@ static size_t decode_smem_bytes(int d, int cells, int pairs) {
            (size_t) decode_warps * d * sizeof(float) + (size_t) slots * (d + 4) * sizeof(float);
 }
 
-// Cluster (r, g) of SPLIT blocks: block r scores the cells [r * cells, (r + 1) * cells) of key/value
-// head g for every query row p of g (token t, query head h), a warp a row at a time, and stores the
-// row's partial into the shared memory of the block that combines it (block p % SPLIT, slot
-// (p / SPLIT) * SPLIT + r): remote stores do not wait, where remote loads in the combine cost a
-// round trip each (4.9 µs of a 12 µs launch, attn-decode-bench's phase marks). After the cluster
-// barrier warp w of block r combines row r + SPLIT * w from its own shared memory.
 // Reduce-scatter over a warp: lane l of 32 lanes each holding 32 values ends with the sum over the
 // lanes of value l (in part[0]); 31 shuffles.
 template <int HALF> static __device__ __forceinline__ void decode_reduce_scatter_stage(float (&part)[32], int lane) {
@@ -119,6 +113,12 @@ static __device__ __forceinline__ float decode_reduce_scatter(float (&part)[32],
     return part[0];
 }
 
+// Cluster (r, g) of SPLIT blocks: block r scores the cells [r * cells, (r + 1) * cells) of key/value
+// head g for every query row p of g (token t, query head h), a warp a row at a time, and stores the
+// row's partial into the shared memory of the block that combines it (block p % SPLIT, slot
+// (p / SPLIT) * SPLIT + r): remote stores do not wait, where remote loads in the combine cost a
+// round trip each (4.9 µs of a 12 µs launch, attn-decode-bench's phase marks). After the cluster
+// barrier warp w of block r combines row r + SPLIT * w from its own shared memory.
 template <int D, bool SCORE_BY_DIMS>
 static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(const frt_attn_decode_args a) {
     constexpr int E = D / 32, KPAD = D + 8, PS = D + 4;
@@ -226,25 +226,26 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
                 }
                 m = fmaxf(m, s[j]);
             }
-        }
+        } else {
 #pragma unroll
-        for (int j = 0; j < decode_cells_lane && !SCORE_BY_DIMS; ++j) {
-            const int c = lane + 32 * j;
-            s[j]        = -INFINITY;
-            if (mk[j] != -INFINITY) {
-                float dot = 0.0f;
+            for (int j = 0; j < decode_cells_lane; ++j) {
+                const int c = lane + 32 * j;
+                s[j]        = -INFINITY;
+                if (mk[j] != -INFINITY) {
+                    float dot = 0.0f;
 #pragma unroll 4
-                for (int i = 0; i < D; i += 8) {
-                    float        kf[8];
-                    const float4 qa = *(const float4 *) (q_s + i);
-                    const float4 qb = *(const float4 *) (q_s + i + 4);
-                    decode_load_halves<8>(k_s + c * KPAD + i, kf);
-                    dot += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3];
-                    dot += qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                    for (int i = 0; i < D; i += 8) {
+                        float        kf[8];
+                        const float4 qa = *(const float4 *) (q_s + i);
+                        const float4 qb = *(const float4 *) (q_s + i + 4);
+                        decode_load_halves<8>(k_s + c * KPAD + i, kf);
+                        dot += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3];
+                        dot += qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                    }
+                    s[j] = dot * a.scale + mk[j];
                 }
-                s[j] = dot * a.scale + mk[j];
+                m = fmaxf(m, s[j]);
             }
-            m = fmaxf(m, s[j]);
         }
         m = decode_warp_max(m);
         float e[decode_cells_lane];
