@@ -24,7 +24,8 @@
 # the vendor tests under beside the default instead of each experiment's; TESTS_WITH= none (the
 # tests under 5 settings outlast the build: ~75 s a setting). GEMV_HOT=1: check runs gemv-bench's
 # exact rows once more with the weights resident in L2 between replays (--stream-mib 0: the most a
-# launch can gain from weights prefetched into L2).
+# launch can gain from weights prefetched into L2). CASES=0: check skips the FlashRT cases (a bench
+# of sources whose cases a call just passed, when build + cases + bench do not fit in one call).
 # Needs .xtask/device/ carried (bench/README.md) with vendor-tests.tar.xz: the vendor tests built on
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
 # packed with `tar -cf - test-* | xz -9 -T1` (gemv-bench beside them, bench/tools/gemv-bench.cu
@@ -183,6 +184,7 @@ PY
     case_settings=("${experiments[@]}")
     [ -n "${CASES_WITH:-}" ] && case_settings=("$CASES_WITH")
     settings=(default "${!case_settings[@]}")
+    [ "${CASES:-1}" = 0 ] && settings=()
     for s in "${settings[@]}"; do
         (
             for w in "${gemv_windows[@]}" SHEXP_GATE MOE_TAIL ATTN_ROPE MOE_TOPK ATTN_DECODE; do export "FRT_${w}_SWAP=1"; done
