@@ -8,8 +8,7 @@
 //                         the PDL wait and its two cluster barriers
 //   attn n_kv=N vis=V     the kernel over N cells of which the first V are visible (the rest
 //                         masked), the caches hot (one layer's, L2-resident) or cold (a different
-//                         layer's each launch, 192 MB of caches in all: read from DRAM); "scores by
-//                         dims": the experiment frt_attn_decode_args::score_by_dims
+//                         layer's each launch, 192 MB of caches in all: read from DRAM)
 //
 // Prints µs a launch (median graph replay / launches). The outputs are not checked here:
 // test-decode-attention does that.
@@ -87,7 +86,7 @@ static double us_per_launch(cudaStream_t stream, int reps, const std::function<v
 
 #ifdef FRT_ATTN_DECODE_TRACE
 // The kernel's phase marks (decode-attention.cuh) of its last launch as one table row.
-static std::string phase_row(int n_kv, int visible, bool cold, bool by_dims) {
+static std::string phase_row(int n_kv, int visible, bool cold) {
     constexpr int      blocks = FRT_ATTN_DECODE_SPLIT * heads_kv, phases = FRT_ATTN_DECODE_TRACE_PHASES;
     unsigned long long marks[FRT_ATTN_DECODE_TRACE_BLOCKS][FRT_ATTN_DECODE_TRACE_PHASES];
     CHECK(frt_attn_decode_trace(&marks[0][0]));
@@ -96,8 +95,7 @@ static std::string phase_row(int n_kv, int visible, bool cold, bool by_dims) {
         base = std::min(base, marks[b][1]);
     }
     char row[512];
-    int  n = std::snprintf(row, sizeof(row), "| n_kv=%d vis=%d %s%s |", n_kv, visible, cold ? "cold" : "hot",
-                           by_dims ? " (scores by dims)" : "");
+    int  n = std::snprintf(row, sizeof(row), "| n_kv=%d vis=%d %s |", n_kv, visible, cold ? "cold" : "hot");
     for (int p = 0; p < phases; ++p) {
         std::vector<double> us;
         for (int b = 0; b < blocks; ++b) {
@@ -166,35 +164,28 @@ int main() {
         { 8, 1 }, { 256, 1 }, { 256, 64 }, { 256, 128 }, { 256, 256 }, { 1024, 1024 },
     };
     std::vector<__half> mh(max_kv);
-    for (const bool by_dims : { false, true }) {
-        for (const shape & s : shapes) {
-            if (by_dims && s.visible != s.n_kv && s.n_kv != 8) {
-                continue;  // the experiment at its deciding shapes only
-            }
-            for (int c = 0; c < max_kv; ++c) {
-                mh[c] = __float2half(c < s.visible ? 0.0f : -INFINITY);
-            }
-            CHECK(cudaMemcpy(mask, mh.data(), max_kv * sizeof(__half), cudaMemcpyHostToDevice));
-            for (const bool cold : { false, true }) {
-                const double us = us_per_launch(stream, reps, [&](int r) {
-                    const size_t         layer = cold ? (size_t) r : 0;
-                    frt_attn_decode_args a     = {};
-                    a.d = d, a.heads = heads, a.heads_kv = heads_kv, a.n_q = 1, a.n_kv = s.n_kv;
-                    a.q = q, a.q_token = (int64_t) heads * d, a.q_head = d;
-                    a.k = k + layer * cache, a.k_cell = (int64_t) heads_kv * d, a.k_head = d;
-                    a.v = v + layer * cache, a.v_cell = (int64_t) heads_kv * d, a.v_head = d;
-                    a.mask = mask, a.mask_row = max_kv;
-                    a.out = out, a.out_token = (int64_t) heads * d, a.out_head = d;
-                    a.scale = 0.0625f;
-                    a.score_by_dims = by_dims;
-                    CHECK(frt_attn_decode(a, stream));
-                });
-                std::printf("| attn n_kv=%d vis=%d %s%s | %.2f |\n", s.n_kv, s.visible, cold ? "cold" : "hot",
-                            by_dims ? " (scores by dims)" : "", us);
+    for (const shape & s : shapes) {
+        for (int c = 0; c < max_kv; ++c) {
+            mh[c] = __float2half(c < s.visible ? 0.0f : -INFINITY);
+        }
+        CHECK(cudaMemcpy(mask, mh.data(), max_kv * sizeof(__half), cudaMemcpyHostToDevice));
+        for (const bool cold : { false, true }) {
+            const double us = us_per_launch(stream, reps, [&](int r) {
+                const size_t         layer = cold ? (size_t) r : 0;
+                frt_attn_decode_args a     = {};
+                a.d = d, a.heads = heads, a.heads_kv = heads_kv, a.n_q = 1, a.n_kv = s.n_kv;
+                a.q = q, a.q_token = (int64_t) heads * d, a.q_head = d;
+                a.k = k + layer * cache, a.k_cell = (int64_t) heads_kv * d, a.k_head = d;
+                a.v = v + layer * cache, a.v_cell = (int64_t) heads_kv * d, a.v_head = d;
+                a.mask = mask, a.mask_row = max_kv;
+                a.out = out, a.out_token = (int64_t) heads * d, a.out_head = d;
+                a.scale = 0.0625f;
+                CHECK(frt_attn_decode(a, stream));
+            });
+            std::printf("| attn n_kv=%d vis=%d %s | %.2f |\n", s.n_kv, s.visible, cold ? "cold" : "hot", us);
 #ifdef FRT_ATTN_DECODE_TRACE
-                phase_rows.push_back(phase_row(s.n_kv, s.visible, cold, by_dims));
+            phase_rows.push_back(phase_row(s.n_kv, s.visible, cold));
 #endif
-            }
         }
     }
 #ifdef FRT_ATTN_DECODE_TRACE

@@ -56,12 +56,6 @@ static bool attn_gate_enabled() {
     return enabled;
 }
 
-// Experiment, off unless GGML_FLASHRT_ATTN_SCORE_DIMS=1: frt_attn_decode_args::score_by_dims.
-static bool attn_score_by_dims() {
-    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_SCORE_DIMS", false);
-    return enabled;
-}
-
 struct attn_gate {
     const ggml_tensor * gate = nullptr;  // what the kernel reads: the CONT's input, or the SIGMOID's
     int64_t             gate_head = 0, gate_token = 0;  // its strides in floats
@@ -214,7 +208,6 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     a.out_head  = fa->nb[1] / sizeof(float);
     a.out_token = fa->nb[2] / sizeof(float);
     a.scale     = flashrt_op_param_f32(fa, 0);
-    a.score_by_dims = attn_score_by_dims();
     if (m.n_nodes > 1) {  // the gate folded in
         attn_gate ag;
         const char * miss = attn_gate_miss(cgraph, i, ag);

@@ -92,34 +92,13 @@ static size_t decode_smem_bytes(int d, int cells, int pairs) {
            (size_t) decode_warps * d * sizeof(float) + (size_t) slots * (d + 4) * sizeof(float);
 }
 
-// Reduce-scatter over a warp: lane l of 32 lanes each holding 32 values ends with the sum over the
-// lanes of value l (in part[0]); 31 shuffles.
-template <int HALF> static __device__ __forceinline__ void decode_reduce_scatter_stage(float (&part)[32], int lane) {
-    const bool upper = (lane & HALF) != 0;
-#pragma unroll
-    for (int k = 0; k < HALF; ++k) {
-        const float send = upper ? part[k] : part[k + HALF];
-        const float keep = upper ? part[k + HALF] : part[k];
-        part[k]          = keep + __shfl_xor_sync(0xffffffff, send, HALF, 32);
-    }
-}
-
-static __device__ __forceinline__ float decode_reduce_scatter(float (&part)[32], int lane) {
-    decode_reduce_scatter_stage<16>(part, lane);
-    decode_reduce_scatter_stage<8>(part, lane);
-    decode_reduce_scatter_stage<4>(part, lane);
-    decode_reduce_scatter_stage<2>(part, lane);
-    decode_reduce_scatter_stage<1>(part, lane);
-    return part[0];
-}
-
 // Cluster (r, g) of SPLIT blocks: block r scores the cells [r * cells, (r + 1) * cells) of key/value
 // head g for every query row p of g (token t, query head h), a warp a row at a time, and stores the
 // row's partial into the shared memory of the block that combines it (block p % SPLIT, slot
 // (p / SPLIT) * SPLIT + r): remote stores do not wait, where remote loads in the combine cost a
 // round trip each (4.9 µs of a 12 µs launch, attn-decode-bench's phase marks). After the cluster
 // barrier warp w of block r combines row r + SPLIT * w from its own shared memory.
-template <int D, bool SCORE_BY_DIMS>
+template <int D>
 static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(const frt_attn_decode_args a) {
     constexpr int E = D / 32, KPAD = D + 8, PS = D + 4;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -193,59 +172,24 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         // its row holds (NaN * anything stays NaN), and its dot is never formed.
         float s[decode_cells_lane];
         float m = -INFINITY;
-        if constexpr (SCORE_BY_DIMS) {
-            // Lane l holds dims [l * E, l * E + E) of the query row; for each of 32 cells a product
-            // over those dims, then the warp's reduce-scatter hands lane l cell l's dot. A hidden
-            // cell's products stay in its own sum, which its -inf score then ignores.
-            float qr[E];
 #pragma unroll
-            for (int i = 0; i < E; ++i) {
-                qr[i] = q_s[lane * E + i];
-            }
-#pragma unroll
-            for (int j = 0; j < decode_cells_lane; ++j) {
-                s[j] = -INFINITY;
-                if (32 * j < n_cells) {
-                    float part[32];
-#pragma unroll
-                    for (int cc = 0; cc < 32; ++cc) {
-                        part[cc] = 0.0f;
-                        if (32 * j + cc < n_cells) {
-                            float kf[E];
-                            decode_load_halves<E>(k_s + (32 * j + cc) * KPAD + lane * E, kf);
-#pragma unroll
-                            for (int i = 0; i < E; ++i) {
-                                part[cc] += qr[i] * kf[i];
-                            }
-                        }
-                    }
-                    const float dot = decode_reduce_scatter(part, lane);
-                    if (mk[j] != -INFINITY) {
-                        s[j] = dot * a.scale + mk[j];
-                    }
-                }
-                m = fmaxf(m, s[j]);
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < decode_cells_lane; ++j) {
-                const int c = lane + 32 * j;
-                s[j]        = -INFINITY;
-                if (mk[j] != -INFINITY) {
-                    float dot = 0.0f;
+        for (int j = 0; j < decode_cells_lane; ++j) {
+            const int c = lane + 32 * j;
+            s[j]        = -INFINITY;
+            if (mk[j] != -INFINITY) {
+                float dot = 0.0f;
 #pragma unroll 4
-                    for (int i = 0; i < D; i += 8) {
-                        float        kf[8];
-                        const float4 qa = *(const float4 *) (q_s + i);
-                        const float4 qb = *(const float4 *) (q_s + i + 4);
-                        decode_load_halves<8>(k_s + c * KPAD + i, kf);
-                        dot += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3];
-                        dot += qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
-                    }
-                    s[j] = dot * a.scale + mk[j];
+                for (int i = 0; i < D; i += 8) {
+                    float        kf[8];
+                    const float4 qa = *(const float4 *) (q_s + i);
+                    const float4 qb = *(const float4 *) (q_s + i + 4);
+                    decode_load_halves<8>(k_s + c * KPAD + i, kf);
+                    dot += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3];
+                    dot += qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
                 }
-                m = fmaxf(m, s[j]);
+                s[j] = dot * a.scale + mk[j];
             }
+            m = fmaxf(m, s[j]);
         }
         m = decode_warp_max(m);
         float e[decode_cells_lane];
@@ -366,24 +310,19 @@ const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q
     return nullptr;
 }
 
-template <int D, bool SCORE_BY_DIMS>
-static cudaError_t decode_launch(const frt_attn_decode_args & a, cudaStream_t stream) {
+template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, cudaStream_t stream) {
     int         device = 0;
     cudaError_t err    = cudaGetDevice(&device);
     if (err == cudaSuccess) {  // the most any launch asks: 128 cells a block, 64 query rows
-        err = frt_allow_smem<frt_attn_decode_kernel<D, SCORE_BY_DIMS>>(
+        err = frt_allow_smem<frt_attn_decode_kernel<D>>(
             device, (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS));
     }
     if (err != cudaSuccess) {
         return err;
     }
     const size_t smem = decode_smem_bytes(D, frt_attn_decode_cells_a_block(a.n_kv), a.n_q * (a.heads / a.heads_kv));
-    return frt_launch_clustered(frt_attn_decode_kernel<D, SCORE_BY_DIMS>, dim3(decode_split, a.heads_kv),
-                                dim3(decode_threads), smem, stream, decode_split, a);
-}
-
-template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, cudaStream_t stream) {
-    return a.score_by_dims ? decode_launch<D, true>(a, stream) : decode_launch<D, false>(a, stream);
+    return frt_launch_clustered(frt_attn_decode_kernel<D>, dim3(decode_split, a.heads_kv), dim3(decode_threads), smem,
+                                stream, decode_split, a);
 }
 
 cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream) {

@@ -47,10 +47,6 @@ struct frt_attn_decode_args {
     float *        out;  // head h of token t: out + t*out_token + h*out_head, d floats
     int64_t        out_token, out_head;
     float          scale;
-    // Experiment: score a warp's 32 cells with each lane holding 1/32 of the query row's dims (a
-    // product a cell and lane, then a reduce-scatter across the warp) instead of each lane walking
-    // one cell's whole row. Other sums' order: close to the default, not its bits.
-    bool           score_by_dims;
     // The output gate of qwen35's full-attention layers, or nullptr: out then holds
     // sigmoid(gate) * attention, with ggml-cuda's expressions for SIGMOID and MUL (1 / (1 + expf(-g)),
     // then the product), so the same bits as stock's kernels applied to the ungated output. Element
