@@ -190,9 +190,10 @@ int main() {
     }
 #ifdef FRT_ATTN_DECODE_TRACE
     std::printf("\nPhases of the last launch of a replay, µs from the first block past its PDL wait (median "
-                "block / last block): 0 start, 1 past the wait, 2 loads issued, 3 copies landed, 4 rows scored, "
-                "5 past the cluster barrier, 6 combined and written (the end)\n\n| case | 0 | 1 | 2 | 3 | 4 | 5 | 6 |\n"
-                "|---|---:|---:|---:|---:|---:|---:|---:|\n");
+                "block / last block): 0 start, 1 past the wait, 2 loads issued, 3 copies landed, 4 past the cluster "
+                "wait, 5 first row scored, 6 its V summed, 7 partials stored, 8 past the cluster barrier, 9 combined "
+                "and written (the end)\n\n| case | 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 |\n"
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const std::string & row : phase_rows) {
         std::printf("%s\n", row.c_str());
     }

@@ -9,13 +9,15 @@ namespace cg = cooperative_groups;
 #ifdef FRT_ATTN_DECODE_TRACE
 // Measurement builds only (bench/tools/attn-decode-bench.cu): thread 0 of each block notes the
 // global timer at the kernel's phases; the last launch's marks are what frt_attn_decode_trace reads.
+// `after`: a value the mark is taken after (a mark inside the work, not behind a barrier; the
+// asm's operand and memory clobber keep the compiler from hoisting the timer read above it).
 static __device__ unsigned long long decode_trace[FRT_ATTN_DECODE_TRACE_BLOCKS][FRT_ATTN_DECODE_TRACE_PHASES];
-static __device__ __forceinline__ void decode_mark(int phase) {
+static __device__ __forceinline__ void decode_mark(int phase, float after = 0.0f) {
     if (threadIdx.x == 0) {
         const int block = blockIdx.y * gridDim.x + blockIdx.x;
         if (block < FRT_ATTN_DECODE_TRACE_BLOCKS) {
             unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "f"(after) : "memory");
             decode_trace[block][phase] = t;
         }
     }
@@ -25,7 +27,7 @@ cudaError_t frt_attn_decode_trace(unsigned long long * marks) {
     return cudaMemcpyFromSymbol(marks, decode_trace, sizeof(decode_trace));
 }
 #else
-static __device__ __forceinline__ void decode_mark(int) {}
+static __device__ __forceinline__ void decode_mark(int, float = 0.0f) {}
 #endif
 
 constexpr int decode_threads     = 256;
@@ -160,6 +162,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     __syncthreads();
     decode_mark(3);
     cluster.barrier_wait();  // every block of the cluster runs: its shared memory may be written
+    decode_mark(4);
 
     for (int p = warp; p < pairs; p += decode_warps) {
         if (p != warp) {
@@ -192,6 +195,9 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
             m = fmaxf(m, s[j]);
         }
         m = decode_warp_max(m);
+        if (p == warp) {
+            decode_mark(5, m);
+        }
         float e[decode_cells_lane];
         float l = 0.0f;
 #pragma unroll
@@ -229,6 +235,9 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
                 }
             }
         }
+        if (p == warp) {
+            decode_mark(6, o[0]);
+        }
         float * pp = cluster.map_shared_rank(part, p % decode_split) + ((p / decode_split) * decode_split + r) * PS;
         if (lane == 0) {
             pp[0] = m;
@@ -240,7 +249,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         }
     }
 
-    decode_mark(4);
+    decode_mark(7);
     // The row this warp combines, and its gate's sigmoid (ggml-cuda's op_sigmoid), read before the
     // barrier: off the chain that waits for the slowest block.
     const int p = r + decode_split * warp;
@@ -257,7 +266,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     // Every block's partials are written (and, with the cluster barrier's release and acquire,
     // visible to the cluster).
     cluster.sync();
-    decode_mark(5);
+    decode_mark(8);
     if (p < pairs) {
         const float * row = part + (size_t) warp * decode_split * PS;  // slots of row p from blocks 0..SPLIT-1
         float         mi = -INFINITY, li = 0.0f;
@@ -290,7 +299,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
             out[i] = a.gate != nullptr ? gate_sigmoid[i] * attention : attention;  // stock's fused SIGMOID-MUL order
         }
     }
-    decode_mark(6);
+    decode_mark(9);
     // No barrier before leaving: after the cluster barrier no block touches another's memory.
 }
 

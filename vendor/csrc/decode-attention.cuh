@@ -70,9 +70,10 @@ cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream)
 #ifdef FRT_ATTN_DECODE_TRACE
 // Measurement builds only: the global timer (ns) at the phases of the last launch, per block
 // (blockIdx.y * SPLIT + blockIdx.x): 0 start, 1 past the PDL wait, 2 copies and loads issued,
-// 3 copies landed, 4 rows scored and their partials stored, 5 past the cluster barrier, 6 combined
+// 3 copies landed, 4 past the cluster wait (every block runs), 5 the first row's scores and their
+// maximum, 6 its weighted V, 7 every row's partial stored, 8 past the cluster barrier, 9 combined
 // and written (the end).
 constexpr int FRT_ATTN_DECODE_TRACE_BLOCKS = 64;
-constexpr int FRT_ATTN_DECODE_TRACE_PHASES = 7;
+constexpr int FRT_ATTN_DECODE_TRACE_PHASES = 10;
 cudaError_t frt_attn_decode_trace(unsigned long long * marks);  // BLOCKS x PHASES
 #endif
