@@ -42,22 +42,22 @@ int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf)
     return exact_layout(a, smem_xm, smem_xf, smem_part, q8, f32);
 }
 
+// A switch read once: `by_default` unless the variable is set, then whether it is non-zero.
+static bool exact_env_flag(const char * name, bool by_default) {
+    const char * env = std::getenv(name);
+    return env == nullptr ? by_default : std::atoi(env) != 0;
+}
+
 // The staged rows' copies are marked evict-first in L2 unless GGML_FLASHRT_EXACT_EVICT_FIRST=0.
 static bool exact_evict_first() {
-    static const bool evict_first = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_EVICT_FIRST");
-        return env == nullptr || std::atoi(env) != 0;
-    }();
+    static const bool evict_first = exact_env_flag("GGML_FLASHRT_EXACT_EVICT_FIRST", true);
     return evict_first;
 }
 
 // Experiment, off unless GGML_FLASHRT_EXACT_NORM_PREFETCH=1: a launch with a norm prefetches x's
 // lines into L1 before the norm's loads (exact_norm_scales says why).
 static bool exact_norm_prefetch() {
-    static const bool prefetch = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EXACT_NORM_PREFETCH");
-        return env != nullptr && std::atoi(env) != 0;
-    }();
+    static const bool prefetch = exact_env_flag("GGML_FLASHRT_EXACT_NORM_PREFETCH", false);
     return prefetch;
 }
 
