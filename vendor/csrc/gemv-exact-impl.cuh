@@ -95,7 +95,6 @@ struct exact_params {
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
     int           evict_first;  // the staged rows' copies marked evict-first in L2 (exact_stager)
-    int           norm_prefetch;  // exact_norm_scales prefetches x's lines into L1 first
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
     frt_gemv_trace_record * trace;
@@ -521,12 +520,8 @@ static __device__ __forceinline__ float exact_row_f32(const float * row, int k, 
 // then the B / 32 warp sums (zeros past them) in one more butterfly; mean = sum / k, scale =
 // rsqrtf(mean + eps). Real warp w plays stock's warps w, w + 4, ..., their loads issued together
 // (each virtual thread still adds its columns in order). The normed value, scale * x * w, is then
-// formed by gemv_prologue_x as stock forms it. With `prefetch` every line a thread reads is first
-// prefetched into L1, all at once: ptxas issues the loads a round of columns at a time, each
-// round's adds waiting for its loads (SASS), so every round (two at k = 2048) costs a round trip to
-// L2; with the prefetches the later rounds should hit L1.
-static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int n, int k, float eps, float * scales,
-                                         bool prefetch) {
+// formed by gemv_prologue_x as stock forms it.
+static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int n, int k, float eps, float * scales) {
     constexpr int    kWarps = kExactThreads / 32, kVirtual = 1024 / 32 / kWarps;
     __shared__ float warp_sums[32];
     const int        warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -537,15 +532,6 @@ static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int
 #pragma unroll
         for (int i = 0; i < kVirtual; ++i) {
             tmp[i] = 0.0f;
-        }
-        for (int c0 = 0; prefetch && c0 < k; c0 += block) {
-#pragma unroll
-            for (int i = 0; i < kVirtual; ++i) {
-                const int vw = warp + kWarps * i, col = c0 + 32 * vw + lane;
-                if (vw < block / 32 && col < k) {
-                    asm volatile("prefetch.global.L1 [%0];" ::"l"(x + col));
-                }
-            }
         }
         for (int c0 = 0; c0 < k; c0 += block) {
 #pragma unroll
@@ -607,7 +593,7 @@ static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * 
     const float *    x     = own_x != nullptr ? own_x : p.x + (int64_t) first * p.x_stride;
     __shared__ float norm_scales[FRT_GEMV_MAX_TOKENS];
     if (p.norm != nullptr) {
-        exact_norm_scales(x, p.x_stride, n, p.k, p.eps, norm_scales, p.norm_prefetch != 0);
+        exact_norm_scales(x, p.x_stride, n, p.k, p.eps, norm_scales);
     }
     exact_trace_mark<TRACE>(kMarkNormed);
     const gemv_x_in in = { x,        p.norm,   p.x_stride, p.eps, p.k, n, p.need_q8, p.need_f32,

@@ -54,13 +54,6 @@ static bool exact_evict_first() {
     return evict_first;
 }
 
-// Experiment, off unless GGML_FLASHRT_EXACT_NORM_PREFETCH=1: a launch with a norm prefetches x's
-// lines into L1 before the norm's loads (exact_norm_scales says why).
-static bool exact_norm_prefetch() {
-    static const bool prefetch = exact_env_flag("GGML_FLASHRT_EXACT_NORM_PREFETCH", false);
-    return prefetch;
-}
-
 // frt_gemv_trace's ring (one a process).
 struct exact_trace_ring {
     std::mutex              mutex;
@@ -167,7 +160,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_q8         = (const uint8_t *) a.x_q8;
     p.n_segments   = a.n_segments;
     p.evict_first         = exact_evict_first() ? 1 : 0;
-    p.norm_prefetch       = exact_norm_prefetch() ? 1 : 0;
     {
         exact_trace_ring &          r = trace_ring();
         std::lock_guard<std::mutex> lock(r.mutex);
