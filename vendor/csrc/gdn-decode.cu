@@ -1,8 +1,8 @@
 #include "gdn-decode.cuh"
+#include "env-switch.cuh"
 #include "q8-x.cuh"
 #include "pdl.cuh"
 
-#include <cstdlib>
 
 constexpr int head_dim     = FRT_GDN_HEAD_DIM;
 constexpr int max_seqs     = FRT_GDN_MAX_SEQS;
@@ -504,20 +504,14 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
 // GGML_FLASHRT_GDN_CLUSTER=0 (tg128 +0.9%, GDN 6.2 -> 5.9 us a layer at beb77b5;
 // bench/results/2026-12-01-beb77b5-h200-ab-experiments).
 static bool gdn_cluster_enabled() {
-    static const bool on = [] {
-        const char * env = std::getenv("GGML_FLASHRT_GDN_CLUSTER");
-        return env == nullptr || std::atoi(env) != 0;
-    }();
+    static const bool on = frt_env_flag("GGML_FLASHRT_GDN_CLUSTER", true);
     return on;
 }
 
 // GGML_FLASHRT_GDN_STATE_STREAM=1: the one-sequence launch loads and stores the recurrent state as
 // streaming (evict-first in L2; an experiment).
 static bool gdn_state_stream() {
-    static const bool on = [] {
-        const char * env = std::getenv("GGML_FLASHRT_GDN_STATE_STREAM");
-        return env != nullptr && std::atoi(env) == 1;
-    }();
+    static const bool on = frt_env_flag("GGML_FLASHRT_GDN_STATE_STREAM", false);
     return on;
 }
 

@@ -6,9 +6,9 @@
 
 #include "gemv-bulk.cuh"
 #include "bulk-copy.cuh"
+#include "env-switch.cuh"
 
 #include <algorithm>
-#include <cstdlib>
 
 // ---- positions and chunks ----
 
@@ -600,10 +600,7 @@ cudaError_t frt_gemv_bulk_launch(const frt_gemv_args & a, cudaStream_t stream) {
     if (frt_gemv_bulk_plan(a, dev.smem_optin - kBulkStatic, dev.sms, p, smem) != nullptr) {
         return cudaErrorInvalidValue;
     }
-    static const int lab = [] {  // read once: launches are on the decode path
-        const char * v = std::getenv("FRT_GEMV_BULK_LAB");
-        return v ? std::atoi(v) : 0;
-    }();
+    static const int lab = frt_env_int("FRT_GEMV_BULK_LAB", 0);
     p.lab = lab;
     switch (p.direct) {
         case FRT_GEMV_F32:    return bulk_launch<FRT_GEMV_F32>(p, smem, dev, device, stream);

@@ -3,9 +3,9 @@
 // in gemv-exact-impl.cuh.
 
 #include "gemv-exact-impl.cuh"
+#include "env-switch.cuh"
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 
 // Matrices a row multiplies: 2 when the segments have the FRT_GEMV_SWIGLU epilogue (the gate rows
@@ -42,15 +42,9 @@ int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf)
     return exact_layout(a, smem_xm, smem_xf, smem_part, q8, f32);
 }
 
-// A switch read once: `by_default` unless the variable is set, then whether it is non-zero.
-static bool exact_env_flag(const char * name, bool by_default) {
-    const char * env = std::getenv(name);
-    return env == nullptr ? by_default : std::atoi(env) != 0;
-}
-
 // The staged rows' copies are marked evict-first in L2 unless GGML_FLASHRT_EXACT_EVICT_FIRST=0.
 static bool exact_evict_first() {
-    static const bool evict_first = exact_env_flag("GGML_FLASHRT_EXACT_EVICT_FIRST", true);
+    static const bool evict_first = frt_env_flag("GGML_FLASHRT_EXACT_EVICT_FIRST", true);
     return evict_first;
 }
 

@@ -24,7 +24,6 @@
 #include "gemv-impl.cuh"
 #include "pdl.cuh"
 
-#include <cstdlib>
 
 static constexpr int kHeadThreads = 256;
 static constexpr int kHeadWarps   = kHeadThreads / 32;
@@ -177,10 +176,7 @@ __launch_bounds__(kHeadThreads, BLOCKS) static __global__ void frt_gemv_head_ker
 
 template <int NB8, int BLOCKS>
 static cudaError_t head_launch(const head_params & p, int sms, int smem, cudaStream_t stream) {
-    static const bool evict_first = [] {
-        const char * env = std::getenv("GGML_FLASHRT_HEAD_EVICT_FIRST");
-        return env != nullptr && std::atoi(env) == 1;
-    }();
+    static const bool evict_first = frt_env_flag("GGML_FLASHRT_HEAD_EVICT_FIRST", false);
     const int blocks = std::min(sms * BLOCKS, (p.rows + kHeadWarps - 1) / kHeadWarps);
     return evict_first ? frt_launch(frt_gemv_head_kernel<NB8, BLOCKS, true>, dim3(blocks), dim3(kHeadThreads),
                                     (size_t) smem, stream, p)

@@ -3,6 +3,7 @@
 // Internals of frt_gemv shared by gemv.cu (planning, host) and gemv-tokens{1,2,4,8}.cu (the kernel
 // instances for up to 1, 2, 4 and 8 tokens, compiled apart so that they build in parallel).
 
+#include "env-switch.cuh"
 #include "gemv.cuh"
 #include "pdl.cuh"
 #include "q8-x.cuh"
@@ -10,7 +11,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 #include <mutex>
 
@@ -1218,10 +1218,7 @@ template <int DIRECT, int T> static cudaError_t gemv_launch(const frt_gemv_args 
     if (frt_gemv_plan(a, dev.sms * 2 * kWarps, p, smem) != nullptr) {
         return cudaErrorInvalidValue;
     }
-    static const int lab = [] {  // read once: launches are on the decode path
-        const char * v = std::getenv("FRT_GEMV_LAB");
-        return v ? std::atoi(v) : 0;
-    }();
+    static const int lab = frt_env_int("FRT_GEMV_LAB", 0);
     p.lab = lab;
     // Blocks an SM holds: 2 by registers (__launch_bounds__), fewer when shared memory is short.
     const int per_sm = std::max(1, std::min(2, dev.smem_per_sm / (smem + kStaticSmem + dev.smem_reserved)));

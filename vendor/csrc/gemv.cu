@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 // The host side of frt_gemv: checks and plans a launch; the kernels are in gemv-impl.cuh.
 
@@ -391,10 +389,7 @@ static constexpr int kHeadMinRows = 65536;
 
 // GGML_FLASHRT_HEAD_KERNEL=0 leaves such matrices to the register kernel, as before (to bisect).
 static bool gemv_auto_takes_head(const frt_gemv_args & a) {
-    static const bool on = [] {
-        const char * env = std::getenv("GGML_FLASHRT_HEAD_KERNEL");
-        return env == nullptr || std::strcmp(env, "0") != 0;
-    }();
+    static const bool on = frt_env_flag("GGML_FLASHRT_HEAD_KERNEL", true);
     return on && a.n_segments == 1 && a.seg[0].rows >= kHeadMinRows && frt_gemv_head_unsupported(a) == nullptr;
 }
 

@@ -1,19 +1,12 @@
 #include "pdl.cuh"
-
-#include <cstdlib>
+#include "env-switch.cuh"
 
 bool frt_pdl_enabled() {
-    static const bool enabled = [] {
-        const char * env = std::getenv("GGML_CUDA_PDL");
-        return env == nullptr || std::atoi(env) != 0;
-    }();
+    static const bool enabled = frt_env_flag("GGML_CUDA_PDL", true);
     return enabled;
 }
 
 bool frt_pdl_early_dependents() {
-    static const bool early = [] {
-        const char * env = std::getenv("GGML_FLASHRT_EARLY_DEPENDENTS");
-        return env == nullptr || std::atoi(env) != 0;
-    }();
+    static const bool early = frt_env_flag("GGML_FLASHRT_EARLY_DEPENDENTS", true);
     return early;
 }
