@@ -1,7 +1,6 @@
 #include "attn-decode.cuh"
 
 #include "window-util.cuh"
-#include "../counters.cuh"
 #include "../diagnostics.cuh"
 #include "decode-attention.cuh"
 
@@ -57,21 +56,11 @@ static bool attn_gate_enabled() {
     return enabled;
 }
 
-// Experiment, off unless GGML_FLASHRT_ATTN_GATE_ORDER=1: the gate also folds where the MUL's
-// output overlaps Q or the gate other than element for element (9 of qwen36's 10 layers), the
-// launch's blocks meeting at a counter between their reads and their writes
-// (frt_attn_decode_args::write_order).
-static bool attn_gate_order_enabled() {
-    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_GATE_ORDER", false);
-    return enabled;
-}
-
 struct attn_gate {
     const ggml_tensor * gate = nullptr;  // what the kernel reads: the CONT's input, or the SIGMOID's
     int64_t             gate_head = 0, gate_token = 0;  // its strides in floats
     const ggml_tensor * out = nullptr;  // the MUL
     int                 end = -1;       // the MUL's node
-    bool                ordered = false;  // the output overlaps Q or the gate: the blocks meet first
 };
 
 // No SIGMOID where the gate would be: attention without a gate, never printed.
@@ -166,19 +155,9 @@ static const char * attn_gate_miss(const ggml_cgraph * cgraph, int i, attn_gate 
         !flashrt_overlaps(mul, q) || same_elements(mul, q->data, q->nb[2] / f, q->nb[1] / f, d, heads, n_q);
     const bool gate_apart = !flashrt_overlaps(mul, ag.gate) ||
                             same_elements(mul, ag.gate->data, ag.gate_head, ag.gate_token, d, heads, n_q);
-    if (flashrt_overlaps(mul, k) || flashrt_overlaps(mul, v) || (mask != nullptr && flashrt_overlaps(mul, mask))) {
-        return "gate: the MUL's output overlaps K, V or the mask";
-    }
-    if (!q_apart || !gate_apart) {
-        if (!attn_gate_order_enabled()) {
-            return "gate: the MUL's output overlaps the gate or Q other than element for element "
-                   "(GGML_FLASHRT_ATTN_GATE_ORDER=1 folds it with a write order)";
-        }
-        // The multiprocessors are counted at run time (the fallback there needs no counter).
-        if (const char * why = frt_attn_decode_order_unsupported((int) fa->src[1]->ne[2], 1 << 30)) {
-            return why;
-        }
-        ag.ordered = true;
+    if (!q_apart || !gate_apart || flashrt_overlaps(mul, k) || flashrt_overlaps(mul, v) ||
+        (mask != nullptr && flashrt_overlaps(mul, mask))) {
+        return "gate: the MUL's output overlaps the gate or Q other than element for element, or K, V or the mask";
     }
     return nullptr;
 }
@@ -240,35 +219,6 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
         a.out_head   = a.d;
         a.out_token  = ag.out->nb[1] / sizeof(float);
         flashrt_global_stats().attn_gates++;
-        if (ag.ordered) {
-            unsigned * order = flashrt_counters_of(ctx, flashrt_counter_use::attn_order);
-            const int  sms   = ggml_cuda_info().devices[ctx.device].nsm;
-            if (order != nullptr && frt_attn_decode_order_unsupported(a.heads_kv, sms) == nullptr) {
-                a.write_order = order;
-            } else {
-                // No counter (a capture of a graph never evaluated directly) or too few
-                // multiprocessors for the blocks to wait for each other: the gated output into
-                // the attention's own tensor (apart from every input while it is live), then
-                // copied to the MUL's.
-                GGML_ASSERT(!flashrt_overlaps(fa, ag.out) && !flashrt_overlaps(fa, q) && !flashrt_overlaps(fa, ag.gate));
-                const size_t row = (size_t) a.d * a.heads * sizeof(float);
-                a.out            = (float *) fa->data;
-                a.out_head       = fa->nb[1] / sizeof(float);
-                a.out_token      = fa->nb[2] / sizeof(float);
-                CUDA_CHECK(frt_attn_decode(a, ctx.stream()));
-                CUDA_CHECK(cudaMemcpy2DAsync(ag.out->data, ag.out->nb[1], fa->data, fa->nb[2], row, a.n_q,
-                                             cudaMemcpyDeviceToDevice, ctx.stream()));
-                return;
-            }
-        }
     }
     CUDA_CHECK(frt_attn_decode(a, ctx.stream()));
-}
-
-void flashrt_prepare_attn_decode(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
-                                 const flashrt_match & m) {
-    attn_gate ag;
-    if (m.n_nodes > 1 && attn_gate_miss(cgraph, i, ag) == nullptr && ag.ordered) {
-        flashrt_counters_prepare(ctx);  // the write order's counter; without it run copies instead
-    }
 }

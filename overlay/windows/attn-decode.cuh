@@ -14,6 +14,3 @@
 
 flashrt_match flashrt_match_attn_decode(const ggml_cgraph * cgraph, int i);
 void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
-// Makes the context's counters where the gate folds with a write order (GGML_FLASHRT_ATTN_GATE_ORDER=1).
-void flashrt_prepare_attn_decode(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
-                                 const flashrt_match & m);

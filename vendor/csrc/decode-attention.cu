@@ -35,9 +35,6 @@ constexpr int decode_warps       = decode_threads / 32;
 constexpr int decode_split       = FRT_ATTN_DECODE_SPLIT;
 constexpr int decode_cells_lane  = FRT_ATTN_DECODE_MAX_KV / FRT_ATTN_DECODE_SPLIT / 32;  // cells a lane scores
 static_assert(FRT_ATTN_DECODE_MAX_KV % (32 * FRT_ATTN_DECODE_SPLIT) == 0, "a block's cells fill whole warps");
-// What every launch with write_order adds to the counter (each block its share), whatever its
-// size: launches of different sizes may share one counter, and a power of two wraps cleanly.
-constexpr unsigned decode_order_step = 64;
 static_assert(FRT_ATTN_DECODE_MAX_PAIRS <= decode_split * decode_warps,
               "a warp of the cluster combines at most one query row");
 
@@ -270,16 +267,6 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     // visible to the cluster).
     cluster.sync();
     decode_mark(8);
-    // With write_order: this cluster's reads of Q and the gate are done (the barrier above); the
-    // arrival goes out now and its reply is needed only before the writes.
-    const unsigned order_share = decode_order_step / (gridDim.x * gridDim.y);  // the launch adds decode_order_step
-    unsigned       ticket      = 0;
-    if (a.write_order != nullptr && threadIdx.x == 0) {
-        __threadfence();
-        ticket = atomicAdd(a.write_order, order_share);
-    }
-    float o[E];
-    float sum = 0.0f;
     if (p < pairs) {
         const float * row = part + (size_t) warp * decode_split * PS;  // slots of row p from blocks 0..SPLIT-1
         float         mi = -INFINITY, li = 0.0f;
@@ -289,7 +276,8 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         }
         const float mx = decode_warp_max(mi);
         const float wi = mi == -INFINITY ? 0.0f : expf(mi - mx);
-        sum            = decode_warp_sum(wi * li);
+        const float sum = decode_warp_sum(wi * li);
+        float       o[E];
 #pragma unroll
         for (int i = 0; i < E; ++i) {
             o[i] = 0.0f;
@@ -304,17 +292,6 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
                 o[i] += w * rp[i];
             }
         }
-    }
-    if (a.write_order != nullptr) {  // every block of the launch has read Q and the gate
-        if (threadIdx.x == 0) {
-            const unsigned target = ticket - ticket % decode_order_step + decode_order_step;
-            while ((int) (*(volatile unsigned *) a.write_order - target) < 0) {
-            }
-            __threadfence();
-        }
-        __syncthreads();
-    }
-    if (p < pairs) {
         float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
 #pragma unroll
         for (int i = 0; i < E; ++i) {
@@ -324,16 +301,6 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     }
     decode_mark(9);
     // No barrier before leaving: after the cluster barrier no block touches another's memory.
-}
-
-const char * frt_attn_decode_order_unsupported(int heads_kv, int sms) {
-    if (heads_kv < 1 || (heads_kv & (heads_kv - 1)) != 0 || decode_split * heads_kv > (int) decode_order_step) {
-        return "write order: key/value heads not a power of two up to 8";
-    }
-    if (decode_split * heads_kv > sms) {
-        return "write order: more blocks than multiprocessors";
-    }
-    return nullptr;
 }
 
 const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv) {
@@ -358,13 +325,6 @@ template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a
     if (err == cudaSuccess) {  // the most any launch asks: 128 cells a block, 64 query rows
         err = frt_allow_smem<frt_attn_decode_kernel<D>>(
             device, (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS));
-    }
-    int sms = 0;
-    if (err == cudaSuccess && a.write_order != nullptr) {
-        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        if (err == cudaSuccess && frt_attn_decode_order_unsupported(a.heads_kv, sms) != nullptr) {
-            return cudaErrorInvalidValue;
-        }
     }
     if (err != cudaSuccess) {
         return err;

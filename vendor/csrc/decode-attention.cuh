@@ -18,9 +18,7 @@
 // or the gate element for element (each element of out at the address of the same element of Q or
 // of the gate): a cluster writes its query rows only after its barrier, and Q's rows of a key/value
 // head are read only by that head's cluster, before it; each gate value only by the lane that
-// writes the same element, before. With write_order, out may overlap Q and the gate in any way:
-// every block of the launch arrives at that counter after its last read of them, and writes only
-// once all have arrived (frt_attn_decode_order_unsupported says when a launch can do this).
+// writes the same element, before.
 
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -55,11 +53,6 @@ struct frt_attn_decode_args {
     // i of head h of token t at gate + t*gate_token + h*gate_head + i.
     const float *  gate;
     int64_t        gate_token, gate_head;
-    // nullptr, or a counter in device memory, zeroed once and then left to the launches (it only
-    // grows, by 64 a launch whatever its size, so wrapping around is harmless and launches of
-    // different shapes may share it), at which the launch's blocks meet between reading Q and the
-    // gate and writing out.
-    unsigned *     write_order;
 };
 
 // Cells a block of the cluster takes.
@@ -69,11 +62,6 @@ __host__ __device__ inline int frt_attn_decode_cells_a_block(int n_kv) {
 
 // Whether the kernel takes this shape (nullptr) or why not.
 const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv);
-
-// Whether a launch with this many key/value heads on a device with `sms` multiprocessors can take
-// write_order (nullptr) or why not: its blocks wait for each other, so all must be resident at once
-// (at most one block an SM assumed), and each block adds an equal share of the launch's 64.
-const char * frt_attn_decode_order_unsupported(int heads_kv, int sms);
 
 // Launches the kernel on `stream` (PDL when enabled); capture-safe. Returns the launch error
 // (cudaErrorInvalidValue for shapes it does not take).

@@ -7,11 +7,8 @@
 // the first halves NaN) and must give sigmoid(gate) * attention within the same bound, and the
 // same bits as the ungated launch's output through stock's SIGMOID and MUL expressions (a small
 // kernel here: host and device expf may round differently), also written in place over Q or over
-// the gate (not poisoned then: the input is restored before each launch), and shifted half a
-// buffer over Q or the gate (the allocator's placement that element-for-element cannot take:
-// another key/value head's cluster reads what this one writes), with the launch's blocks meeting at
-// a write-order counter that starts just below wrapping around (the second launch finds it
-// where the first left it). Bad shapes, and write order where it cannot meet, must be refused. Needs a GPU (sm_90: thread-block clusters):
+// the gate (not poisoned then: the input is restored before each launch). Bad shapes must be
+// refused. Needs a GPU (sm_90: thread-block clusters):
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
 //        vendor/csrc/tests/test-decode-attention.cu -o test-decode-attention && ./test-decode-attention
 
@@ -35,9 +32,8 @@
     } while (0)
 
 // Where a gated case writes its output: apart, or in place over Q or over the gate, element for
-// element (as the allocator may place the gate's MUL; the header says why that is safe), or
-// contiguous from the middle of Q's or the gate's buffer (with frt_attn_decode_args::write_order).
-enum class out_place { apart, over_q, over_gate, shifted_over_q, shifted_over_gate };
+// element (as the allocator may place the gate's MUL; the header says why that is safe).
+enum class out_place { apart, over_q, over_gate };
 
 enum class mask_kind {
     none,
@@ -170,13 +166,7 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     }
     frt_attn_decode_args a = {};
     a.d = d, a.heads = H, a.heads_kv = G, a.n_q = T, a.n_kv = N;
-    // Shifted: the buffer holds the input, then room for the output's half that runs past it.
-    const bool   shifted   = dc.place == out_place::shifted_over_q || dc.place == out_place::shifted_over_gate;
-    const size_t q_shift   = dc.place == out_place::shifted_over_q ? q.size() / 2 : 0;
-    const size_t g_shift   = dc.place == out_place::shifted_over_gate ? gate.size() / 2 : 0;
-    const size_t g_floats  = std::max(gate.size(), g_shift + ref.size());
-    unsigned *   d_order   = nullptr;
-    CHECK(cudaMalloc(&d_q, (q.size() + q_shift) * sizeof(float)));
+    CHECK(cudaMalloc(&d_q, q.size() * sizeof(float)));
     CHECK(cudaMalloc(&d_out, ref.size() * sizeof(float)));
     CHECK(cudaMalloc(&d_k, k.size() * sizeof(__half)));
     CHECK(cudaMalloc(&d_v, v.size() * sizeof(__half)));
@@ -186,7 +176,7 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     CHECK(cudaMemcpy(d_v, v.data(), v.size() * sizeof(__half), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(d_mask, mask16.data(), mask16.size() * sizeof(__half), cudaMemcpyHostToDevice));
     if (dc.gated) {
-        CHECK(cudaMalloc(&d_gate, g_floats * sizeof(float)));
+        CHECK(cudaMalloc(&d_gate, gate.size() * sizeof(float)));
         CHECK(cudaMalloc(&d_expect, ref.size() * sizeof(float)));
         CHECK(cudaMemcpy(d_gate, gate.data(), gate.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
@@ -217,22 +207,10 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
         a.out = d_q, a.out_token = a.q_token, a.out_head = a.q_head;
     } else if (dc.place == out_place::over_gate) {
         a.out = d_gate + d, a.out_token = gate_token, a.out_head = gate_head;
-    } else if (shifted) {
-        a.out = dc.place == out_place::shifted_over_q ? d_q + q_shift : d_gate + g_shift;
-        // Just below wrapping around: the first launch's arrivals cross zero.
-        const unsigned start = 0u - 64u;
-        CHECK(cudaMalloc(&d_order, sizeof(unsigned)));
-        CHECK(cudaMemcpy(d_order, &start, sizeof(unsigned), cudaMemcpyHostToDevice));
-        a.write_order = d_order;
     }
     std::vector<float> got[2];
     for (int run = 0; run < 2; ++run) {
-        if (shifted) {  // NaN past the input, then the input restored
-            CHECK(cudaMemset(d_q, 0xff, (q.size() + q_shift) * sizeof(float)));
-            CHECK(cudaMemcpy(d_q, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
-            CHECK(cudaMemset(d_gate, 0xff, g_floats * sizeof(float)));
-            CHECK(cudaMemcpy(d_gate, gate.data(), gate.size() * sizeof(float), cudaMemcpyHostToDevice));
-        } else if (dc.place == out_place::over_q) {
+        if (dc.place == out_place::over_q) {
             CHECK(cudaMemcpy(d_q, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
         } else if (dc.place == out_place::over_gate) {
             CHECK(cudaMemcpy(d_gate, gate.data(), gate.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -274,7 +252,7 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
                 ok ? "ok  " : "FAIL", dc.name, d, H, G, T, N, frt_attn_decode_cells_a_block(N), max_err, not_finite,
                 same ? "" : ", second launch differs", stock_bits ? "" : ", not stock's bits for the gate");
     cudaFree(d_q), cudaFree(d_out), cudaFree(d_k), cudaFree(d_v), cudaFree(d_mask);
-    cudaFree(d_gate), cudaFree(d_expect), cudaFree(d_order);
+    cudaFree(d_gate), cudaFree(d_expect);
     return ok ? 0 : 1;
 }
 
@@ -297,18 +275,7 @@ static int run_refusals() {
                              frt_attn_decode_unsupported(r.d, r.heads, r.heads_kv, r.n_q, r.n_kv) != nullptr;
         failed += !refused;
     }
-    // Write order: key/value heads not a power of two, or more than 8 (64 blocks that wait for
-    // each other); the launcher must refuse them instead of launching.
-    for (const int heads_kv : { 3, 16 }) {
-        frt_attn_decode_args a = {};
-        a.d = 128, a.heads = 48, a.heads_kv = heads_kv, a.n_q = 1, a.n_kv = 256;
-        a.write_order = (unsigned *) 16;  // never dereferenced
-        const bool refused = frt_attn_decode_order_unsupported(heads_kv, 132) != nullptr &&
-                             frt_attn_decode(a, 0) == cudaErrorInvalidValue;
-        failed += !refused;
-    }
-    failed += frt_attn_decode_order_unsupported(2, 8) == nullptr;  // 16 blocks, 8 multiprocessors
-    std::printf("%s refusals of bad shapes and of write order where it cannot meet\n", failed ? "FAIL" : "ok  ");
+    std::printf("%s refusals of bad shapes\n", failed ? "FAIL" : "ok  ");
     return failed ? 1 : 0;
 }
 
@@ -329,10 +296,6 @@ int main() {
         { "gated: one query head a KV head, 3 tokens", 64, 8, 8, 3, 20, mask_kind::prefix, 20, true },
         { "gated, in place over Q", 256, 16, 2, 2, 256, mask_kind::prefix, 200, true, out_place::over_q },
         { "gated, in place over the gate", 128, 32, 4, 4, 300, mask_kind::random, 0, true, out_place::over_gate },
-        { "gated, shifted over Q (write order)", 256, 16, 2, 1, 256, mask_kind::prefix, 129, true,
-          out_place::shifted_over_q },
-        { "gated, shifted over the gate (write order)", 128, 32, 4, 2, 300, mask_kind::random, 0, true,
-          out_place::shifted_over_gate },
     };
     int failed = 0;
     for (const decode_case & dc : cases) {
