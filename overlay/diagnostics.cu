@@ -99,7 +99,7 @@ struct stats_at_exit {
                      (unsigned long long) stats.repack_per_use.load(), (unsigned long long) stats.repack_refused.load(),
                      stats.repack_refused_bytes.load() / (1024.0 * 1024.0));
         std::fprintf(stderr, "FlashRT stats: norm handoff: %llu GEMV launch(es) took their input normed and quantized "
-                     "by the kernel before (GGML_FLASHRT_NORM_HANDOFF=1: on)\n",
+                     "by the kernel before (GGML_FLASHRT_NORM_HANDOFF=0: off)\n",
                      (unsigned long long) stats.handoffs.load());
         std::fprintf(stderr, "FlashRT stats: attention gate: %llu ATTN_DECODE launch(es) applied the output gate "
                      "(GGML_FLASHRT_ATTN_GATE=0: off)\n",

@@ -781,10 +781,11 @@ static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & p
     }
 }
 
-// Off unless GGML_FLASHRT_NORM_HANDOFF=1: the tail that norms lengthened each layer's chain by more
-// than the next launch saved (tg128 -2.1% on the H100, bench/results/2026-12-05-5c9e6d7-h100-gate-handoff).
+// On unless GGML_FLASHRT_NORM_HANDOFF=0: the tail that norms (8 blocks meeting at a counter) takes
+// ~2.5 µs longer, the launches it feeds ~3.3 µs less (tg128 +0.9% and +1.0% on the H100,
+// bench/results/2026-12-06-20af5b6-h100-experiments).
 static bool norm_handoff_enabled() {
-    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_NORM_HANDOFF", false);
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_NORM_HANDOFF", true);
     return enabled;
 }
 
@@ -833,10 +834,10 @@ void flashrt_gemv_hand_off(const ggml_backend_cuda_context & ctx, const ggml_cgr
     handoff_note = { &ctx, cgraph, flashrt_evaluation(), norm, x, image };
 }
 
-// The image of the launch's input, when the kernel before handed it off in this evaluation.
-static void take_handoff(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
+// The image of the launch's input, when the kernel before handed it off in this evaluation (h:
+// the note as the launch found it).
+static void take_handoff(const handoff_note_t & h, const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
                          const flashrt_gemv_pack & pack, frt_gemv_args & a) {
-    const handoff_note_t & h = handoff_note;
     if (h.image == nullptr || h.ctx != &ctx || h.cgraph != cgraph || h.norm != pack.norm || h.x != a.x ||
         h.evaluation != flashrt_evaluation()) {
         return;
@@ -851,6 +852,10 @@ static void take_handoff(const ggml_backend_cuda_context & ctx, const ggml_cgrap
 
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                            const char * window) {
+    // A note is for the next GEMV launch only. Kept longer, a later launch whose input ggml's
+    // allocator placed at the same address (another vector, of the same size or not) could take it.
+    const handoff_note_t note = handoff_note;
+    handoff_note              = handoff_note_t();
     frt_gemv_args a;
     fill_args(cgraph, pack, a);
     if (a.n_segments == 0) {
@@ -862,7 +867,7 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
     } else {
         add_guess(cgraph, pack, a);
         add_prefetch(cgraph, pack, a);
-        take_handoff(ctx, cgraph, pack, a);
+        take_handoff(note, ctx, cgraph, pack, a);
     }
     bool tail_apart = false;
     if (a.tail.out != nullptr) {

@@ -73,7 +73,7 @@ void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph *
 // Handoffs: the kernel that computes a GEMV launch's input also quantizes it (normed first for a
 // norm-fed pack) as the launch's prologue would, into the context's image (counters.cuh), and the
 // launch copies that image (frt_gemv_args::x_q8) instead of reading x after its wait: the same
-// bits, a shorter chain. The norm handoff (off unless GGML_FLASHRT_NORM_HANDOFF=1): MOE_TAIL's
+// bits, a shorter chain. The norm handoff (GGML_FLASHRT_NORM_HANDOFF=0: off): MOE_TAIL's
 // kernel for the next layer's INPROJ or ATTNQKV launch; GDN's (GGML_FLASHRT_GDN_HANDOFF=0: off)
 // for ssm_out's.
 //
@@ -83,8 +83,9 @@ bool flashrt_gemv_handoff_wanted(const ggml_cgraph * cgraph, int norm, const flo
 
 // Notes that the kernel just launched on ctx's stream writes at `image` the image of the vector
 // at x, normed by the RMS_NORM at node `norm` of cgraph (-1: not normed): a launch of this
-// evaluation whose input that is takes it. Launches run in the order the host makes them, and a
-// later handoff replaces the note before its kernel can write the image again.
+// evaluation whose input that is takes it, if it is the next GEMV launch (the note lapses there
+// either way). Launches run in the order the host makes them, and a later handoff replaces the
+// note before its kernel can write the image again.
 void flashrt_gemv_hand_off(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm, const void * x,
                            const void * image);
 
