@@ -1,4 +1,5 @@
 #include "moe-ffn-tail.cuh"
+#include "env-switch.cuh"
 #include "pdl.cuh"
 #include "q8-x.cuh"
 
@@ -35,6 +36,17 @@ constexpr int moe_tail_norm_blocks = 8;
 constexpr int moe_tail_norm_stock  = 1024 / moe_tail_norm_blocks;  // stock's threads a block plays
 constexpr int moe_tail_norm_warps  = moe_tail_norm_stock / 32;
 constexpr int moe_tail_norm_cols   = FRT_MOE_TAIL_NORM_MAX_EMBD / 1024;  // columns a stock thread
+static_assert(FRT_MOE_TAIL_NORM_TAGGED_AT % 4 == 0, "the tagged sums 16-byte aligned");
+
+static __device__ __forceinline__ void tail_store_tagged(unsigned long long * at, unsigned long long v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(at), "l"(v) : "memory");
+}
+
+static __device__ __forceinline__ unsigned long long tail_load_tagged(const unsigned long long * at) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(at) : "memory");
+    return v;
+}
 
 // One token's tail, then the next norm of its output quantized (frt_moe_tail_args::x_q8): each
 // thread computes and writes its column; the first 128 threads of a block add the squares of their
@@ -46,22 +58,33 @@ constexpr int moe_tail_norm_cols   = FRT_MOE_TAIL_NORM_MAX_EMBD / 1024;  // colu
 // `out`. Waiting for the other blocks cannot hang: a block waits only once it has let its
 // dependents start, which they do only when every block of this launch has done the same (and the
 // launch before ours waits for nothing of ours).
+// TAGGED: the blocks meet at the sums themselves, each stored with the launch's epoch in one 8-byte
+// store, and every warp polls the 32 until all carry it: no fence, no atomic and no second read on
+// the chain (the counter's meeting costs the tail ~2.5 us). Every launch writes each of the 32
+// slots once, so all hold the same epoch between launches; a block learns it from a slot only it
+// writes, before it writes it.
+template <bool TAGGED>
 static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_cols)
     frt_moe_tail_norm_kernel(const frt_moe_tail_args a, bool early) {
     constexpr unsigned full = 0xffffffffu;
     __shared__ float   values[moe_tail_norm_cols][moe_tail_norm_stock];
+    __shared__ unsigned epoch;  // TAGGED: this launch's
     const int          tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int          h = tid / moe_tail_norm_stock, i = tid % moe_tail_norm_stock;
     const int          col = blockIdx.x * moe_tail_norm_stock + i + 1024 * h;
     const int          n   = a.n_embd;
     unsigned *         arrivals  = a.norm_scratch;
-    float *            warp_sums = (float *) (a.norm_scratch + 4);
+    float *            warp_sums = (float *) (a.norm_scratch + FRT_MOE_TAIL_NORM_SUMS_AT);
+    unsigned long long * tagged  = (unsigned long long *) (a.norm_scratch + FRT_MOE_TAIL_NORM_TAGGED_AT);
     // The norm's weight before the wait: no kernel writes it.
     const float w = col < n ? a.norm_w[col] : 0.0f;
     if (early) {
         frt_pdl_launch_dependents();
     }
     frt_pdl_wait();
+    if (TAGGED && tid == 0) {  // slot 4 * blockIdx.x: written by this block's warp 0 alone
+        epoch = (unsigned) (tail_load_tagged(tagged + moe_tail_norm_warps * blockIdx.x) >> 32) + 1u;
+    }
     // A thread reads its column of every input before it writes it: `out` may alias a slot or the
     // residual, column for column.
     float v = 0.0f;
@@ -83,21 +106,33 @@ static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_col
         for (int offset = 16; offset > 0; offset >>= 1) {
             ss += __shfl_xor_sync(full, ss, offset);
         }
-        if (lane == 0) {
+        if (lane == 0 && TAGGED) {
+            tail_store_tagged(tagged + blockIdx.x * moe_tail_norm_warps + warp,
+                              (unsigned long long) epoch << 32 | __float_as_uint(ss));
+        } else if (lane == 0) {
             warp_sums[blockIdx.x * moe_tail_norm_warps + warp] = ss;
             __threadfence();  // visible to the device before this block arrives
         }
     }
-    __syncthreads();
-    if (tid == 0) {
-        const unsigned ticket = atomicAdd(arrivals, 1u);
-        const unsigned target = ticket - ticket % moe_tail_norm_blocks + moe_tail_norm_blocks;
-        while ((int) (*(volatile unsigned *) arrivals - target) < 0) {
+    float sum;  // stock's warp `lane`
+    if (TAGGED) {
+        for (bool all = false; !all;) {
+            const unsigned long long s = tail_load_tagged(tagged + lane);
+            sum = __uint_as_float((unsigned) s);
+            all = __all_sync(full, (unsigned) (s >> 32) == epoch);
         }
-        __threadfence();
+    } else {
+        __syncthreads();
+        if (tid == 0) {
+            const unsigned ticket = atomicAdd(arrivals, 1u);
+            const unsigned target = ticket - ticket % moe_tail_norm_blocks + moe_tail_norm_blocks;
+            while ((int) (*(volatile unsigned *) arrivals - target) < 0) {
+            }
+            __threadfence();
+        }
+        __syncthreads();
+        sum = __ldcg(warp_sums + lane);  // from L2
     }
-    __syncthreads();
-    float sum = __ldcg(warp_sums + lane);  // stock's warp `lane`, from L2
     for (int offset = 16; offset > 0; offset >>= 1) {
         sum += __shfl_xor_sync(full, sum, offset);
     }
@@ -108,6 +143,13 @@ static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_col
         frt_quantize_q8_lane(v * scale * w, lane, (int8_t *) a.x_q8 + (col - lane),
                              (uint2 *) ((uint8_t *) a.x_q8 + n) + col / 32);
     }
+}
+
+// Experiment, off unless GGML_FLASHRT_TAIL_NORM_TAGS=1: the norm's blocks meet at tagged sums
+// (frt_moe_tail_norm_kernel's TAGGED) instead of the counter.
+static bool tail_norm_tagged() {
+    static const bool on = frt_env_flag("GGML_FLASHRT_TAIL_NORM_TAGS", false);
+    return on;
 }
 
 cudaError_t frt_moe_tail(const frt_moe_tail_args & a, cudaStream_t stream) {
@@ -121,8 +163,9 @@ cudaError_t frt_moe_tail(const frt_moe_tail_args & a, cudaStream_t stream) {
             return cudaErrorInvalidValue;
         }
         const int stock_cols = (a.n_embd + 1023) / 1024;  // columns a stock thread
-        return frt_launch(frt_moe_tail_norm_kernel, dim3(moe_tail_norm_blocks), dim3(moe_tail_norm_stock * stock_cols), 0,
-                          stream, a, frt_pdl_early_dependents());
+        const dim3 grid(moe_tail_norm_blocks), block(moe_tail_norm_stock * stock_cols);
+        return tail_norm_tagged() ? frt_launch(frt_moe_tail_norm_kernel<true>, grid, block, 0, stream, a, frt_pdl_early_dependents())
+                                  : frt_launch(frt_moe_tail_norm_kernel<false>, grid, block, 0, stream, a, frt_pdl_early_dependents());
     }
     const dim3 grid(a.tokens, (a.n_embd + moe_tail_threads - 1) / moe_tail_threads);
     return frt_launch(frt_moe_tail_kernel, grid, dim3(moe_tail_threads), 0, stream, a, frt_pdl_early_dependents());
