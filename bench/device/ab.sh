@@ -9,8 +9,9 @@
 #                   default (~9 min cold)
 #   ab.sh bench     the bench and the parity of `check` alone, on a build that `check` left (for
 #                   a check run with BENCH=0 when the two do not fit in one call)
-#   ab.sh compare   cargo xtask profile of the default and of each experiment, then 40-layer parity
-#                   of the default (~4 min, +1 a further experiment)
+#   ab.sh compare   cargo xtask profile of the default and of each experiment, the default's FlashRT
+#                   statistics of a short decode (FRT_STATS: the handoffs and gate folds a captured
+#                   graph takes), then 40-layer parity of the default (~4 min, +1 a further experiment)
 # AB: the experiments' settings, e.g. AB="GGML_FLASHRT_HEAD_KERNEL=0": within one experiment
 # space-separated, experiments separated by ';' (AB="A=1;A=1 B=4"). ROUNDS: bench rounds (3).
 # EXTRA_TESTS="pp512,tg128@d8192": bench (and check without BENCH=0) also runs these tests, the
@@ -215,6 +216,8 @@ compare)
         read -r -a ab <<< "${experiments[$i]}"
         profile "ab$i" "${ab[@]}"
     done
+    FRT_STATS=1 "$bin/llama-bench" -m "$model" -ngl 99 -fa 1 -r 1 -p 0 -n 8 > "$out/stats-default.log" 2>&1
+    say "stats: $(grep -E 'norm handoff|attention gate' "$out/stats-default.log" | tr -s ' ' | tr '\n' ' ')"
     parity "$model"
     traces
     ;;
