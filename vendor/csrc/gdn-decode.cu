@@ -3,7 +3,6 @@
 #include "q8-x.cuh"
 #include "pdl.cuh"
 
-
 constexpr int head_dim     = FRT_GDN_HEAD_DIM;
 constexpr int max_seqs     = FRT_GDN_MAX_SEQS;
 constexpr int conv_taps    = 4;

@@ -24,7 +24,6 @@
 #include "gemv-impl.cuh"
 #include "pdl.cuh"
 
-
 static constexpr int kHeadThreads = 256;
 static constexpr int kHeadWarps   = kHeadThreads / 32;
 
