@@ -1,5 +1,5 @@
-#include "moe-ffn-tail.cuh"
 #include "env-switch.cuh"
+#include "moe-ffn-tail.cuh"
 #include "pdl.cuh"
 #include "q8-x.cuh"
 
@@ -31,12 +31,12 @@ static __global__ void __launch_bounds__(moe_tail_threads) frt_moe_tail_kernel(c
 // column, as the plain tail has (its loads in one round trip): thread (h, i) of block r computes
 // column 128r + i + 1024h. Measured before (H100 traces, bench/results 2026-12-05): one block of
 // 512 threads doing all the loads, 8.8 us a layer; a cluster of 8 blocks, 7.6 (it started late: a
-// cluster waits for 8 SMs of one GPC at once); the plain tail 3.6. The 8 blocks meet at a counter.
+// cluster waits for 8 SMs of one GPC at once); the plain tail 3.6. The 8 blocks meet at their warp
+// sums.
 constexpr int moe_tail_norm_blocks = 8;
 constexpr int moe_tail_norm_stock  = 1024 / moe_tail_norm_blocks;  // stock's threads a block plays
 constexpr int moe_tail_norm_warps  = moe_tail_norm_stock / 32;
 constexpr int moe_tail_norm_cols   = FRT_MOE_TAIL_NORM_MAX_EMBD / 1024;  // columns a stock thread
-static_assert(FRT_MOE_TAIL_NORM_TAGGED_AT % 4 == 0, "the tagged sums 16-byte aligned");
 
 static __device__ __forceinline__ void tail_store_tagged(unsigned long long * at, unsigned long long v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(at), "l"(v) : "memory");
@@ -50,39 +50,40 @@ static __device__ __forceinline__ unsigned long long tail_load_tagged(const unsi
 
 // One token's tail, then the next norm of its output quantized (frt_moe_tail_args::x_q8): each
 // thread computes and writes its column; the first 128 threads of a block add the squares of their
-// stock thread's columns in stock's order and reduce each warp as stock does, into norm_scratch;
-// the blocks meet at its counter (a launch's 8 arrivals complete a multiple of 8: no reset between
-// launches); every warp then reads stock's 32 warp sums in stock's order and reduces them as
-// rms_norm does, norms its 32 consecutive columns (one q8 block) and quantizes them as the GEMV
-// prologue would (q8-x.cuh). The image holds the bits the next launch's prologue would compute from
-// `out`. Waiting for the other blocks cannot hang: a block waits only once it has let its
-// dependents start, which they do only when every block of this launch has done the same (and the
-// launch before ours waits for nothing of ours).
-// TAGGED: the blocks meet at the sums themselves, each stored with the launch's epoch in one 8-byte
-// store, and every warp polls the 32 until all carry it: no fence, no atomic and no second read on
-// the chain (the counter's meeting costs the tail ~2.5 us). Every launch writes each of the 32
-// slots once, so all hold the same epoch between launches; a block learns it from a slot only it
-// writes, before it writes it.
-template <bool TAGGED>
+// stock thread's columns in stock's order and reduce each warp as stock does. The blocks meet at
+// the 32 warp sums themselves: each goes out as one 8-byte store of (epoch << 32 | the sum's bits)
+// and every warp polls the 32 until all carry this launch's epoch, then reduces them in stock's
+// order as rms_norm does, norms its 32 consecutive columns (one q8 block) and quantizes them as the
+// GEMV prologue would (q8-x.cuh). The image holds the bits the next launch's prologue would compute
+// from `out`. No fence, atomic or second read sits on the last block's chain (a counter's meeting
+// cost the tail ~1 us more: bench/results 2026-12-06-be6bd7d). Every launch writes each slot once,
+// so all 32 hold the same epoch between launches; a block learns it from a slot only its warp 0
+// writes, before that warp writes it. Waiting for the other blocks cannot hang: a block waits only
+// once it has let its dependents start, which they do only when every block of this launch has
+// done the same (and the launch before ours waits for nothing of ours).
+// ONE_POLLER (experiment, GGML_FLASHRT_TAIL_ONE_POLLER=1): only warp 0 of a block polls and reduces
+// the sums (the same butterfly, the same bits) and hands the total to the block through shared
+// memory: 8 polling warps instead of every warp (64 at qwen36's 2048 columns), fewer loads queued
+// in front of the stores they wait for.
+template <bool ONE_POLLER>
 static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_cols)
     frt_moe_tail_norm_kernel(const frt_moe_tail_args a, bool early) {
     constexpr unsigned full = 0xffffffffu;
     __shared__ float   values[moe_tail_norm_cols][moe_tail_norm_stock];
-    __shared__ unsigned epoch;  // TAGGED: this launch's
+    __shared__ unsigned epoch;  // this launch's
+    __shared__ float    total;  // ONE_POLLER: the 32 sums added
     const int          tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int          h = tid / moe_tail_norm_stock, i = tid % moe_tail_norm_stock;
     const int          col = blockIdx.x * moe_tail_norm_stock + i + 1024 * h;
     const int          n   = a.n_embd;
-    unsigned *         arrivals  = a.norm_scratch;
-    float *            warp_sums = (float *) (a.norm_scratch + FRT_MOE_TAIL_NORM_SUMS_AT);
-    unsigned long long * tagged  = (unsigned long long *) (a.norm_scratch + FRT_MOE_TAIL_NORM_TAGGED_AT);
+    unsigned long long * tagged = (unsigned long long *) a.norm_scratch;
     // The norm's weight before the wait: no kernel writes it.
     const float w = col < n ? a.norm_w[col] : 0.0f;
     if (early) {
         frt_pdl_launch_dependents();
     }
     frt_pdl_wait();
-    if (TAGGED && tid == 0) {  // slot 4 * blockIdx.x: written by this block's warp 0 alone
+    if (tid == 0) {  // slot 4 * blockIdx.x: written by this block's warp 0 alone
         epoch = (unsigned) (tail_load_tagged(tagged + moe_tail_norm_warps * blockIdx.x) >> 32) + 1u;
     }
     // A thread reads its column of every input before it writes it: `out` may alias a slot or the
@@ -106,35 +107,28 @@ static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_col
         for (int offset = 16; offset > 0; offset >>= 1) {
             ss += __shfl_xor_sync(full, ss, offset);
         }
-        if (lane == 0 && TAGGED) {
+        if (lane == 0) {
             tail_store_tagged(tagged + blockIdx.x * moe_tail_norm_warps + warp,
                               (unsigned long long) epoch << 32 | __float_as_uint(ss));
-        } else if (lane == 0) {
-            warp_sums[blockIdx.x * moe_tail_norm_warps + warp] = ss;
-            __threadfence();  // visible to the device before this block arrives
         }
     }
-    float sum;  // stock's warp `lane`
-    if (TAGGED) {
+    float sum = 0.0f;  // stock's warp `lane`, then the 32 added
+    if (!ONE_POLLER || warp == 0) {
         for (bool all = false; !all;) {
             const unsigned long long s = tail_load_tagged(tagged + lane);
             sum = __uint_as_float((unsigned) s);
             all = __all_sync(full, (unsigned) (s >> 32) == epoch);
         }
-    } else {
-        __syncthreads();
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            sum += __shfl_xor_sync(full, sum, offset);
+        }
+    }
+    if (ONE_POLLER) {
         if (tid == 0) {
-            const unsigned ticket = atomicAdd(arrivals, 1u);
-            const unsigned target = ticket - ticket % moe_tail_norm_blocks + moe_tail_norm_blocks;
-            while ((int) (*(volatile unsigned *) arrivals - target) < 0) {
-            }
-            __threadfence();
+            total = sum;
         }
         __syncthreads();
-        sum = __ldcg(warp_sums + lane);  // from L2
-    }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        sum += __shfl_xor_sync(full, sum, offset);
+        sum = total;
     }
     const float mean  = sum / n;
     const float scale = rsqrtf(mean + a.norm_eps);
@@ -145,10 +139,9 @@ static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_col
     }
 }
 
-// Experiment, off unless GGML_FLASHRT_TAIL_NORM_TAGS=1: the norm's blocks meet at tagged sums
-// (frt_moe_tail_norm_kernel's TAGGED) instead of the counter.
-static bool tail_norm_tagged() {
-    static const bool on = frt_env_flag("GGML_FLASHRT_TAIL_NORM_TAGS", false);
+// Experiment, off unless GGML_FLASHRT_TAIL_ONE_POLLER=1 (frt_moe_tail_norm_kernel's ONE_POLLER).
+static bool tail_one_poller() {
+    static const bool on = frt_env_flag("GGML_FLASHRT_TAIL_ONE_POLLER", false);
     return on;
 }
 
@@ -164,8 +157,8 @@ cudaError_t frt_moe_tail(const frt_moe_tail_args & a, cudaStream_t stream) {
         }
         const int stock_cols = (a.n_embd + 1023) / 1024;  // columns a stock thread
         const dim3 grid(moe_tail_norm_blocks), block(moe_tail_norm_stock * stock_cols);
-        return tail_norm_tagged() ? frt_launch(frt_moe_tail_norm_kernel<true>, grid, block, 0, stream, a, frt_pdl_early_dependents())
-                                  : frt_launch(frt_moe_tail_norm_kernel<false>, grid, block, 0, stream, a, frt_pdl_early_dependents());
+        return tail_one_poller() ? frt_launch(frt_moe_tail_norm_kernel<true>, grid, block, 0, stream, a, frt_pdl_early_dependents())
+                                 : frt_launch(frt_moe_tail_norm_kernel<false>, grid, block, 0, stream, a, frt_pdl_early_dependents());
     }
     const dim3 grid(a.tokens, (a.n_embd + moe_tail_threads - 1) / moe_tail_threads);
     return frt_launch(frt_moe_tail_kernel, grid, dim3(moe_tail_threads), 0, stream, a, frt_pdl_early_dependents());

@@ -40,9 +40,8 @@ struct frt_moe_tail_args {
     // and the quantization leave that launch's prologue. n_embd a multiple of 128, from 1024
     // (stock's norm block of 1024 threads) to FRT_MOE_TAIL_NORM_MAX_EMBD; norm_w and x_q8 16-byte
     // aligned, x_q8 apart from every input. norm_scratch: FRT_MOE_TAIL_NORM_SCRATCH words of device
-    // memory, zeroed once and then left to the launches (an arrival counter that only grows and the
-    // norm's warp sums, or with GGML_FLASHRT_TAIL_NORM_TAGS=1 the sums tagged with an epoch that only
-    // grows), used by one stream's launches one after another.
+    // memory, zeroed once and then left to the launches (the norm's warp sums, each tagged with an
+    // epoch that only grows), used by one stream's launches one after another.
     const float * norm_w;
     float         norm_eps;
     void *        x_q8;
@@ -51,12 +50,9 @@ struct frt_moe_tail_args {
 
 constexpr int FRT_MOE_TAIL_MAX_USED = 16;
 constexpr int FRT_MOE_TAIL_NORM_MAX_EMBD = 4096;
-// norm_scratch (words): the counter (a 16-byte slot), stock's 32 warp sums from word
-// FRT_MOE_TAIL_NORM_SUMS_AT, the 32 tagged ones from FRT_MOE_TAIL_NORM_TAGGED_AT (8 bytes each: the
-// sum's bits, then the epoch above them).
-constexpr int FRT_MOE_TAIL_NORM_SUMS_AT   = 4;
-constexpr int FRT_MOE_TAIL_NORM_TAGGED_AT = FRT_MOE_TAIL_NORM_SUMS_AT + 32;
-constexpr int FRT_MOE_TAIL_NORM_SCRATCH   = FRT_MOE_TAIL_NORM_TAGGED_AT + 64;
+// norm_scratch (words): stock's 32 warp sums, 8 bytes each (the sum's bits, then the epoch above
+// them).
+constexpr int FRT_MOE_TAIL_NORM_SCRATCH = 64;
 
 #ifdef __CUDACC__
 // One output of the tail: slot k's expert value is expert(k). The one expression both

@@ -1380,15 +1380,13 @@ bool run_handoff_case(const handoff_case & hc, std::mt19937_64 & rng) {
     float * d_nan_x    = upload_poisoned(n);
     const int bytes    = frt_x_q8_bytes(n);
     uint8_t * d_image  = upload(std::vector<uint8_t>(bytes, 0xff));
-    // The norm's scratch as a context leaves it after other launches: its counter not at zero, its
-    // sums another vector's (a launch before the checked one, into its own output and image). It
-    // starts where both meetings wrap around during that launch: the counter 8 below 2^32, every
-    // tagged sum (GGML_FLASHRT_TAIL_NORM_TAGS=1) at the largest epoch with a NaN's bits.
+    // The norm's scratch as a context leaves it after other launches: its sums another vector's (a
+    // launch before the checked one, into its own output and image). It starts where the epoch
+    // wraps around during that launch: every tagged sum at the largest epoch with a NaN's bits.
     std::vector<unsigned> scratch(FRT_MOE_TAIL_NORM_SCRATCH, 0u);
-    scratch[0] = 0u - 8u;
     for (int s = 0; s < 32; ++s) {
-        scratch[FRT_MOE_TAIL_NORM_TAGGED_AT + 2 * s]     = kPoison;       // the sum's bits
-        scratch[FRT_MOE_TAIL_NORM_TAGGED_AT + 2 * s + 1] = 0xffffffffu;  // the epoch
+        scratch[2 * s]     = kPoison;       // the sum's bits
+        scratch[2 * s + 1] = 0xffffffffu;  // the epoch
     }
     unsigned * d_scratch = upload(scratch);
     float *    d_before  = upload_poisoned(n);
