@@ -30,7 +30,8 @@
 # Needs .xtask/device/ carried (bench/README.md) with vendor-tests.tar.xz: the vendor tests built on
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
 # packed with `tar -cf - test-* | xz -9 -T1` (gemv-bench beside them, bench/tools/gemv-bench.cu
-# linked the same way, adds its exact-kernel rows under each setting; fifo-probe, from
+# linked the same way, adds its exact-kernel rows under each setting; tail-bench, from
+# bench/tools/tail-bench.cu, MOE_TAIL's µs under each setting; fifo-probe, from
 # bench/tools/fifo-probe.cu, its table).
 # Usage (device, repository root): AB="..." [BENCH=0] bench/device/ab.sh check|bench|compare; a short
 # table last, every file in $OUT/all.tgz.
@@ -133,6 +134,17 @@ check)
     if [ -x /tmp/vendor-tests/fifo-probe ]; then
         timeout 120 /tmp/vendor-tests/fifo-probe > "$out/fifo-probe.md" 2>&1
         grep -E '^\| [0-9]' "$out/fifo-probe.md" | while read -r line; do say "fifo-probe $line"; done
+    fi
+    # tail-bench, when packed with the tests: MOE_TAIL's kernel alone, plain and with the norm
+    # handoff, under the default and each experiment (tail-bench-*.md).
+    if [ -x /tmp/vendor-tests/tail-bench ]; then
+        timeout 60 /tmp/vendor-tests/tail-bench > "$out/tail-bench-default.md" 2>&1
+        say "tail-bench default: $(grep -E '^\| (plain|norm)' "$out/tail-bench-default.md" | tr -s ' ' | tr '\n' ' ')"
+        for i in "${!experiments[@]}"; do
+            read -r -a ab <<< "${experiments[$i]}"
+            timeout 60 env "${ab[@]}" /tmp/vendor-tests/tail-bench > "$out/tail-bench-ab$i.md" 2>&1
+            say "tail-bench ${ab[*]}: $(grep -E '^\| (plain|norm)' "$out/tail-bench-ab$i.md" | tr -s ' ' | tr '\n' ' ')"
+        done
     fi
     # gemv-bench, when packed with the tests: the exact kernel at every decode shape, 1 token, under
     # the default and each experiment (gemv-bench-*.md).
