@@ -3,8 +3,8 @@
 // the next layer's matvecs, its 8 blocks meeting at their warp sums). Each setting is a CUDA graph
 // of 40 launches one after another (programmatic dependent launch between them, as in decode),
 // each on its own layer's buffers; the time per launch is the median over 50 replays of the graph's
-// time / 40. The handoff's extra time is its meeting, so switches that change the meeting
-// (GGML_FLASHRT_TAIL_ONE_POLLER) are compared by running this under each. Prints a markdown table.
+// time / 40. The handoff's extra time is its meeting, so versions or switches of the meeting are
+// compared by running this under each. Prints a markdown table.
 //   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc bench/tools/tail-bench.cu vendor/csrc/moe-ffn-tail.cu \
 //        vendor/csrc/pdl.cu -o tail-bench && ./tail-bench
 
@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -59,9 +58,7 @@ int main() {
     cudaEvent_t start, stop;
     CHECK(cudaEventCreate(&start));
     CHECK(cudaEventCreate(&stop));
-    const char * poller = std::getenv("GGML_FLASHRT_TAIL_ONE_POLLER");
-    std::printf("| tail (GGML_FLASHRT_TAIL_ONE_POLLER=%s) | µs a launch (median) | least | most |\n|---|---:|---:|---:|\n",
-                poller != nullptr ? poller : "unset");
+    std::printf("| tail | µs a launch (median) | least | most |\n|---|---:|---:|---:|\n");
     for (const auto * setting : { &plain, &handoff }) {
         cudaGraph_t     graph;
         cudaGraphExec_t exec;

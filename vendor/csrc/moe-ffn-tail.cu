@@ -1,4 +1,3 @@
-#include "env-switch.cuh"
 #include "moe-ffn-tail.cuh"
 #include "pdl.cuh"
 #include "q8-x.cuh"
@@ -61,17 +60,11 @@ static __device__ __forceinline__ unsigned long long tail_load_tagged(const unsi
 // writes, before that warp writes it. Waiting for the other blocks cannot hang: a block waits only
 // once it has let its dependents start, which they do only when every block of this launch has
 // done the same (and the launch before ours waits for nothing of ours).
-// ONE_POLLER (experiment, GGML_FLASHRT_TAIL_ONE_POLLER=1): only warp 0 of a block polls and reduces
-// the sums (the same butterfly, the same bits) and hands the total to the block through shared
-// memory: 8 polling warps instead of every warp (64 at qwen36's 2048 columns), fewer loads queued
-// in front of the stores they wait for.
-template <bool ONE_POLLER>
 static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_cols)
     frt_moe_tail_norm_kernel(const frt_moe_tail_args a, bool early) {
     constexpr unsigned full = 0xffffffffu;
     __shared__ float   values[moe_tail_norm_cols][moe_tail_norm_stock];
     __shared__ unsigned epoch;  // this launch's
-    __shared__ float    total;  // ONE_POLLER: the 32 sums added
     const int          tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int          h = tid / moe_tail_norm_stock, i = tid % moe_tail_norm_stock;
     const int          col = blockIdx.x * moe_tail_norm_stock + i + 1024 * h;
@@ -112,23 +105,14 @@ static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_col
                               (unsigned long long) epoch << 32 | __float_as_uint(ss));
         }
     }
-    float sum = 0.0f;  // stock's warp `lane`, then the 32 added
-    if (!ONE_POLLER || warp == 0) {
-        for (bool all = false; !all;) {
-            const unsigned long long s = tail_load_tagged(tagged + lane);
-            sum = __uint_as_float((unsigned) s);
-            all = __all_sync(full, (unsigned) (s >> 32) == epoch);
-        }
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            sum += __shfl_xor_sync(full, sum, offset);
-        }
+    float sum;  // stock's warp `lane`
+    for (bool all = false; !all;) {
+        const unsigned long long s = tail_load_tagged(tagged + lane);
+        sum = __uint_as_float((unsigned) s);
+        all = __all_sync(full, (unsigned) (s >> 32) == epoch);
     }
-    if (ONE_POLLER) {
-        if (tid == 0) {
-            total = sum;
-        }
-        __syncthreads();
-        sum = total;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        sum += __shfl_xor_sync(full, sum, offset);
     }
     const float mean  = sum / n;
     const float scale = rsqrtf(mean + a.norm_eps);
@@ -137,12 +121,6 @@ static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_col
         frt_quantize_q8_lane(v * scale * w, lane, (int8_t *) a.x_q8 + (col - lane),
                              (uint2 *) ((uint8_t *) a.x_q8 + n) + col / 32);
     }
-}
-
-// Experiment, off unless GGML_FLASHRT_TAIL_ONE_POLLER=1 (frt_moe_tail_norm_kernel's ONE_POLLER).
-static bool tail_one_poller() {
-    static const bool on = frt_env_flag("GGML_FLASHRT_TAIL_ONE_POLLER", false);
-    return on;
 }
 
 cudaError_t frt_moe_tail(const frt_moe_tail_args & a, cudaStream_t stream) {
@@ -157,8 +135,7 @@ cudaError_t frt_moe_tail(const frt_moe_tail_args & a, cudaStream_t stream) {
         }
         const int stock_cols = (a.n_embd + 1023) / 1024;  // columns a stock thread
         const dim3 grid(moe_tail_norm_blocks), block(moe_tail_norm_stock * stock_cols);
-        return tail_one_poller() ? frt_launch(frt_moe_tail_norm_kernel<true>, grid, block, 0, stream, a, frt_pdl_early_dependents())
-                                 : frt_launch(frt_moe_tail_norm_kernel<false>, grid, block, 0, stream, a, frt_pdl_early_dependents());
+        return frt_launch(frt_moe_tail_norm_kernel, grid, block, 0, stream, a, frt_pdl_early_dependents());
     }
     const dim3 grid(a.tokens, (a.n_embd + moe_tail_threads - 1) / moe_tail_threads);
     return frt_launch(frt_moe_tail_kernel, grid, dim3(moe_tail_threads), 0, stream, a, frt_pdl_early_dependents());
