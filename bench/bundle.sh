@@ -76,7 +76,7 @@ if [ "${PROBES:-0}" = 1 ]; then
     nvcc=$(nvcc_path)
     cuda_lib=$(dirname "$(dirname "$nvcc")")/lib
     mkdir -p .xtask/probe
-    for probe in fifo-probe pdl-probe; do
+    for probe in fifo-probe pdl-probe graph-launch-probe; do
         echo "==> .xtask/probe/$probe"
         "$nvcc" -std=c++17 -O3 -arch=sm_90a -I bench/tools -I vendor/csrc -L "$cuda_lib" \
             "bench/tools/$probe.cu" -o ".xtask/probe/$probe"
