@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Prepares .xtask/device/ on a CPU machine for the device scripts (bench/README.md): the release
 # xtask, the pinned llama.cpp packed, the commit the results are recorded under, and (unless
-# VENDOR=0) the vendor kernel tests, gemv-bench and tail-bench built for sm_90a with the pinned CUDA toolkit
-# (the pip nvcc xtask installs into .xtask/toolchains), packed as vendor-tests.tar.xz, the form
-# ab.sh and diagnose.sh unpack. PROBES=1 also builds bench/tools' probes into .xtask/probe/.
+# VENDOR=0) the vendor kernel tests, gemv-bench and tail-bench built for sm_90a with the pinned
+# CUDA toolkit (the pip nvcc xtask installs into .xtask/toolchains), packed as vendor-tests.tar.xz,
+# the form ab.sh and diagnose.sh unpack. PROBES=1 also builds bench/tools' probes into .xtask/probe/.
 # Objects are kept in .xtask/vendor-objects and rebuilt when their source or a header is newer.
 # Usage (repository root): bench/bundle.sh      (~3 min on 2 cores from nothing but the toolkit)
 set -euo pipefail

@@ -55,11 +55,11 @@ static __device__ __forceinline__ unsigned long long tail_load_tagged(const unsi
 // order as rms_norm does, norms its 32 consecutive columns (one q8 block) and quantizes them as the
 // GEMV prologue would (q8-x.cuh). The image holds the bits the next launch's prologue would compute
 // from `out`. No fence, atomic or second read sits on the last block's chain (a counter's meeting
-// cost the tail ~1 us more: bench/results 2026-12-06-be6bd7d). Every launch writes each slot once,
-// so all 32 hold the same epoch between launches; a block learns it from a slot only its warp 0
-// writes, before that warp writes it. Waiting for the other blocks cannot hang: a block waits only
-// once it has let its dependents start, which they do only when every block of this launch has
-// done the same (and the launch before ours waits for nothing of ours).
+// cost the tail ~1 us more: bench/results/2026-12-06-be6bd7d-h100-tail-tags). Every launch writes
+// each slot once, so all 32 hold the same epoch between launches; a block learns it from a slot
+// only its warp 0 writes, before that warp writes it. Waiting for the other blocks cannot hang: a
+// block waits only once it has let its dependents start, which they do only when every block of
+// this launch has done the same (and the launch before ours waits for nothing of ours).
 static __global__ void __launch_bounds__(moe_tail_norm_stock * moe_tail_norm_cols)
     frt_moe_tail_norm_kernel(const frt_moe_tail_args a, bool early) {
     constexpr unsigned full = 0xffffffffu;
