@@ -13,7 +13,7 @@ enum class flashrt_counter_use {
     gdn_flags,    // GDN's one launch: one per key head (at most 256)
     moe_tail,     // one per 4 rows of an FFN's output (n_embd up to 8192)
     handoff,      // not counters: one vector's x_q8 image (up to FRT_X_Q8_MAX_K values), 16-byte aligned
-    tail_norm,    // MOE_TAIL's norm handoff: an arrival counter that only grows, 32 warp sums, 32 tagged ones
+    tail_norm,    // MOE_TAIL's norm handoff: 32 warp sums, each tagged with an epoch that only grows
 };
 
 // Counters of `use` in the slice (how many the kernel may touch).
