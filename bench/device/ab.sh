@@ -33,6 +33,9 @@
 # linked the same way, adds its exact-kernel rows under each setting; tail-bench, from
 # bench/tools/tail-bench.cu, MOE_TAIL's µs under each setting; fifo-probe, from
 # bench/tools/fifo-probe.cu, its table).
+# ARCHIVE_AT=SECONDS: $OUT/all.tgz is also written that many seconds after the start, so that a call
+# cut off by its time limit (e.g. ARCHIVE_AT=560 under `timeout 575`) still brings back every file
+# it had then, not only the few the device tool returns loose.
 # Usage (device, repository root): AB="..." [BENCH=0] bench/device/ab.sh check|bench|compare; a short
 # table last, every file in $OUT/all.tgz.
 set -uo pipefail
@@ -42,6 +45,7 @@ IFS=';' read -r -a experiments <<< "${AB:-}"
 . bench/device/lib.sh
 device_setup "ab-$phase" || exit 1
 start=$(date +%s)
+[ -n "${ARCHIVE_AT:-}" ] && archive_at "$ARCHIVE_AT" "ab-$phase"
 bin=.xtask/build/llama.cpp-flashrt-sm90a/bin
 model=/tmp/models/qwen36.gguf
 mkdir -p /tmp/models /tmp/vendor-tests

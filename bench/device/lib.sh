@@ -3,6 +3,9 @@
 #                       exports FLASHRT_COMMIT and unpacks the carried pinned tree
 #   say TEXT...         prints a line and appends it to $out/summary.txt
 #   archive_out NAME    packs $out into $out/all.tgz (the device tool returns few files)
+#   archive_at SECONDS NAME  packs $out into $out/all.tgz that many seconds from now, in the
+#                       background, so that a call cut off at its time limit still returns what it
+#                       had; archive_out stops it
 #   results_dir LOG     the results folder an xtask command's log names (its last `results:` line)
 #   gemv_windows        the decode GEMV windows, for FRT_<NAME>_SWAP=1
 
@@ -26,7 +29,25 @@ say() {
 }
 
 archive_out() {
-    tar -czf "/tmp/$1.tgz" -C "$out" . && mv "/tmp/$1.tgz" "$out/all.tgz"
+    if [ -n "${archive_pending:-}" ]; then
+        kill "$archive_pending" 2>/dev/null
+        archive_pending=
+    fi
+    local packed status
+    packed=$(mktemp "/tmp/$1.XXXXXX.tgz")
+    # Status 1: a file changed while it was read (a log still being written when archive_at fires).
+    tar -czf "$packed" -C "$out" --exclude=./all.tgz --warning=no-file-changed .
+    status=$?
+    if [ "$status" -le 1 ]; then
+        mv "$packed" "$out/all.tgz"
+    else
+        rm -f "$packed"
+    fi
+}
+
+archive_at() {
+    (sleep "$1" && archive_out "$2") &
+    archive_pending=$!
 }
 
 results_dir() {
