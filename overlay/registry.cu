@@ -61,7 +61,7 @@ static const flashrt_window flashrt_registry[] = {
     // (bench/results/2026-12-01-beb77b5-h200-ab-experiments); float scores and sums, not stock's
     // bits. FRT_ATTN_DECODE_SWAP=0 turns it off.
     { "ATTN_DECODE", flashrt_tier::safe, 900, { GGML_OP_FLASH_ATTN_EXT, GGML_OP_COUNT },
-      flashrt_match_attn_decode, flashrt_run_attn_decode, flashrt_prepare_attn_decode },
+      flashrt_match_attn_decode, flashrt_run_attn_decode, nullptr },
     // full: not yet run on a GPU (FRT_PREFILL_FA4_SWAP=1 turns it on); compiled only where the
     // build links FA4 objects (fa4_aot/), else it misses saying so.
     { "PREFILL_FA4", flashrt_tier::full, 900, { GGML_OP_FLASH_ATTN_EXT, GGML_OP_COUNT },

@@ -1,7 +1,6 @@
 #include "attn-decode.cuh"
 
 #include "window-util.cuh"
-#include "../counters.cuh"
 #include "../diagnostics.cuh"
 #include "decode-attention.cuh"
 
@@ -57,20 +56,11 @@ static bool attn_gate_enabled() {
     return enabled;
 }
 
-// Experiment, off unless GGML_FLASHRT_ATTN_GATE_MEET=1: the gate also folds where the MUL's output
-// lies over Q, the mask or the gate other than element for element (9 of qwen36's 10 layers on the
-// H100), the kernel's blocks meeting before they write (frt_attn_decode_args::meet).
-static bool attn_gate_meet_enabled() {
-    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_GATE_MEET", false);
-    return enabled;
-}
-
 struct attn_gate {
     const ggml_tensor * gate = nullptr;  // what the kernel reads: the CONT's input, or the SIGMOID's
     int64_t             gate_head = 0, gate_token = 0;  // its strides in floats
     const ggml_tensor * out = nullptr;  // the MUL
     int                 end = -1;       // the MUL's node
-    bool                meet = false;   // the output lies over an input: the kernel's meeting
 };
 
 // No SIGMOID where the gate would be: attention without a gate, never printed.
@@ -165,26 +155,10 @@ static const char * attn_gate_miss(const ggml_cgraph * cgraph, int i, attn_gate 
         !flashrt_overlaps(mul, q) || same_elements(mul, q->data, q->nb[2] / f, q->nb[1] / f, d, heads, n_q);
     const bool gate_apart = !flashrt_overlaps(mul, ag.gate) ||
                             same_elements(mul, ag.gate->data, ag.gate_head, ag.gate_token, d, heads, n_q);
-    if (flashrt_overlaps(mul, k) || flashrt_overlaps(mul, v)) {
-        return "gate: the MUL's output overlaps K or V";
+    if (!q_apart || !gate_apart || flashrt_overlaps(mul, k) || flashrt_overlaps(mul, v) ||
+        (mask != nullptr && flashrt_overlaps(mul, mask))) {
+        return "gate: the MUL's output overlaps the gate or Q other than element for element, or K, V or the mask";
     }
-    if (q_apart && gate_apart && (mask == nullptr || !flashrt_overlaps(mul, mask))) {
-        return nullptr;
-    }
-    if (!attn_gate_meet_enabled()) {
-        return "gate: the MUL's output overlaps the gate or Q other than element for element, or the mask "
-               "(GGML_FLASHRT_ATTN_GATE_MEET=1 folds it with a meeting)";
-    }
-    if (!frt_attn_decode_meet_supported((int) d, (int) k->ne[2])) {
-        return "gate: the MUL's output overlaps an input, and the kernel's meeting is refused here (over 8 "
-               "key/value heads, or their clusters not all resident at once)";
-    }
-    // Without the context's meeting words (a capture of a graph never evaluated directly) the kernel
-    // writes the gated output over attention's own tensor and a copy moves it into the MUL's.
-    if (!ggml_is_contiguous(mul) || (mul->data != fa->data && flashrt_overlaps(mul, fa))) {
-        return "gate: the MUL's output overlaps an input, and is not contiguous or overlaps attention's output";
-    }
-    ag.meet = true;
     return nullptr;
 }
 
@@ -245,30 +219,6 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
         a.out_head   = a.d;
         a.out_token  = ag.out->nb[1] / sizeof(float);
         flashrt_global_stats().attn_gates++;
-        if (ag.meet) {
-            a.meet = flashrt_counters_of(ctx, flashrt_counter_use::attn_meet);
-            if (a.meet == nullptr) {  // gated into attention's own tensor, then copied
-                a.out       = (float *) fa->data;
-                a.out_head  = fa->nb[1] / sizeof(float);
-                a.out_token = fa->nb[2] / sizeof(float);
-                CUDA_CHECK(frt_attn_decode(a, ctx.stream()));
-                if (ag.out->data != fa->data) {
-                    CUDA_CHECK(cudaMemcpyAsync(ag.out->data, fa->data, ggml_nbytes(ag.out), cudaMemcpyDeviceToDevice,
-                                               ctx.stream()));
-                }
-                return;
-            }
-        }
     }
     CUDA_CHECK(frt_attn_decode(a, ctx.stream()));
-}
-
-void flashrt_prepare_attn_decode(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
-                                 const flashrt_match & m) {
-    GGML_UNUSED(cgraph);
-    GGML_UNUSED(i);
-    GGML_UNUSED(m);
-    if (attn_gate_meet_enabled()) {
-        flashrt_counters_prepare(ctx);  // the meeting's words; without them the gated output is copied
-    }
 }

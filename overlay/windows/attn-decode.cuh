@@ -8,13 +8,9 @@
 // no sinks, ALiBi or softcap. Scores and sums in float: close to stock, not its bits. When the
 // attention is followed by qwen35's output gate (RESHAPE, [the gate's VIEW and CONT,] SIGMOID, MUL),
 // the kernel applies the gate as it writes, into the MUL's output, with stock's expressions for the
-// gate (GGML_FLASHRT_ATTN_GATE=0: attention alone). Where the MUL's output lies over Q, the mask or
-// the gate other than element for element, the gate folds only with GGML_FLASHRT_ATTN_GATE_MEET=1
-// (experiment): the kernel's blocks then mark their inputs read and write only once all have.
+// gate (GGML_FLASHRT_ATTN_GATE=0: attention alone).
 
 #include "../registry.cuh"
 
 flashrt_match flashrt_match_attn_decode(const ggml_cgraph * cgraph, int i);
 void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int i, const flashrt_match & m);
-void flashrt_prepare_attn_decode(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
-                                 const flashrt_match & m);

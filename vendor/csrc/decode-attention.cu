@@ -2,7 +2,6 @@
 #include "pdl.cuh"
 
 #include <cmath>
-#include <mutex>
 #include <cooperative_groups.h>
 
 namespace cg = cooperative_groups;
@@ -53,18 +52,6 @@ static __device__ __forceinline__ float decode_warp_sum(float x) {
         x += __shfl_xor_sync(0xffffffff, x, offset, 32);
     }
     return x;
-}
-
-// The meeting's words (frt_attn_decode_args::meet): a block's mark is released after its reads, and
-// acquired before any block writes out.
-static __device__ __forceinline__ unsigned decode_load_acquire(const unsigned * at) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
-    return v;
-}
-
-static __device__ __forceinline__ void decode_store_release(unsigned * at, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(at), "r"(v) : "memory");
 }
 
 static __device__ __forceinline__ void decode_cp_async16(void * dst, const void * src) {
@@ -137,13 +124,6 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     frt_pdl_wait();
     frt_pdl_launch_dependents();
     decode_mark(1);
-    // With the meeting: this launch's number, one past the last launch's (word 0, which block 0
-    // moves on only once every block has marked its reads, so after every block read it here).
-    __shared__ unsigned meet_number;
-    const int block = blockIdx.y * gridDim.x + blockIdx.x;
-    if (a.meet != nullptr && threadIdx.x == 0) {
-        meet_number = decode_load_acquire(a.meet) + 1u;
-    }
 
     // The block's K and V rows, 16 bytes a copy, all in flight at once; each warp's first query row
     // loads meanwhile.
@@ -287,11 +267,6 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     // visible to the cluster).
     cluster.sync();
     decode_mark(8);
-    // Every warp of the block is past its reads (Q, the mask, the gate; K and V landed before the
-    // scores): mark them read, for the blocks whose output may lie over what this block read.
-    if (a.meet != nullptr && threadIdx.x == 0) {
-        decode_store_release(a.meet + 4 + block, meet_number);
-    }
     if (p < pairs) {
         const float * row = part + (size_t) warp * decode_split * PS;  // slots of row p from blocks 0..SPLIT-1
         float         mi = -INFINITY, li = 0.0f;
@@ -315,19 +290,6 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
 #pragma unroll
             for (int i = 0; i < E; ++i) {
                 o[i] += w * rp[i];
-            }
-        }
-        if (a.meet != nullptr) {  // no write before every block of the launch has read its inputs
-            const int blocks = gridDim.x * gridDim.y;
-            for (bool all = false; !all;) {
-                bool read = true;
-                for (int b = lane; b < blocks; b += 32) {
-                    read = read && decode_load_acquire(a.meet + 4 + b) == meet_number;
-                }
-                all = __all_sync(0xffffffff, read);
-            }
-            if (block == 0 && threadIdx.x == 0) {  // every block has read word 0: move it on
-                decode_store_release(a.meet, meet_number);
             }
         }
         float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
@@ -357,54 +319,6 @@ const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q
     return nullptr;
 }
 
-template <int D> static bool decode_meet_fits(int heads_kv) {
-    // Per device: the clusters resident at once with the most shared memory a launch asks.
-    static int clusters[frt_max_devices] = {};
-    static std::once_flag asked[frt_max_devices];
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device >= frt_max_devices) {
-        (void) cudaGetLastError();
-        return false;
-    }
-    std::call_once(asked[device], [&]() {
-        const int smem = (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS);
-        if (frt_allow_smem<frt_attn_decode_kernel<D>>(device, smem) != cudaSuccess) {
-            (void) cudaGetLastError();
-            return;
-        }
-        cudaLaunchAttribute attr = {};
-        attr.id                  = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x    = decode_split;
-        attr.val.clusterDim.y    = 1;
-        attr.val.clusterDim.z    = 1;
-        cudaLaunchConfig_t cfg   = {};
-        cfg.gridDim              = dim3(decode_split, 1);
-        cfg.blockDim             = dim3(decode_threads);
-        cfg.dynamicSmemBytes     = smem;
-        cfg.attrs                = &attr;
-        cfg.numAttrs             = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, frt_attn_decode_kernel<D>, &cfg) == cudaSuccess) {
-            clusters[device] = n;
-        } else {
-            (void) cudaGetLastError();
-        }
-    });
-    return heads_kv <= clusters[device];
-}
-
-bool frt_attn_decode_meet_supported(int d, int heads_kv) {
-    if (heads_kv < 1 || heads_kv * decode_split > FRT_ATTN_DECODE_MEET_BLOCKS) {
-        return false;
-    }
-    switch (d) {
-        case 64:  return decode_meet_fits<64>(heads_kv);
-        case 128: return decode_meet_fits<128>(heads_kv);
-        case 256: return decode_meet_fits<256>(heads_kv);
-        default:  return false;
-    }
-}
-
 template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, cudaStream_t stream) {
     int         device = 0;
     cudaError_t err    = cudaGetDevice(&device);
@@ -421,8 +335,7 @@ template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a
 }
 
 cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream) {
-    if (frt_attn_decode_unsupported(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv) != nullptr ||
-        (a.meet != nullptr && !frt_attn_decode_meet_supported(a.d, a.heads_kv))) {
+    if (frt_attn_decode_unsupported(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv) != nullptr) {
         return cudaErrorInvalidValue;
     }
     switch (a.d) {

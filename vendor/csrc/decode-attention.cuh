@@ -18,9 +18,7 @@
 // or the gate element for element (each element of out at the address of the same element of Q or
 // of the gate): a cluster writes its query rows only after its barrier, and Q's rows of a key/value
 // head are read only by that head's cluster, before it; each gate value only by the lane that
-// writes the same element, before. With `meet` (frt_attn_decode_args::meet) out may also overlap
-// Q, the mask and the gate in any other way (not K or V): every block marks that it has read all of
-// its inputs, and no block writes out before every block of the launch has marked it.
+// writes the same element, before.
 
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -55,15 +53,7 @@ struct frt_attn_decode_args {
     // i of head h of token t at gate + t*gate_token + h*gate_head + i.
     const float *  gate;
     int64_t        gate_token, gate_head;
-    // Optional: FRT_ATTN_DECODE_MEET_WORDS words of device memory, zeroed once and then left to the
-    // launches of one stream in turn (word 0: the last launch's number; from word 4, a word a block:
-    // the number of the last launch in which it had read its inputs). Needs
-    // frt_attn_decode_meet_supported: every block of the launch resident at once.
-    unsigned *     meet;
 };
-
-constexpr int FRT_ATTN_DECODE_MEET_BLOCKS = 64;
-constexpr int FRT_ATTN_DECODE_MEET_WORDS  = 4 + FRT_ATTN_DECODE_MEET_BLOCKS;
 
 // Cells a block of the cluster takes.
 __host__ __device__ inline int frt_attn_decode_cells_a_block(int n_kv) {
@@ -72,11 +62,6 @@ __host__ __device__ inline int frt_attn_decode_cells_a_block(int n_kv) {
 
 // Whether the kernel takes this shape (nullptr) or why not.
 const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv);
-
-// Whether a launch of this head size and number of key/value heads may take `meet`: at most
-// FRT_ATTN_DECODE_MEET_BLOCKS blocks, and as many clusters resident at once on the current device
-// with the most shared memory a launch asks (its blocks wait for one another).
-bool frt_attn_decode_meet_supported(int d, int heads_kv);
 
 // Launches the kernel on `stream` (PDL when enabled); capture-safe. Returns the launch error
 // (cudaErrorInvalidValue for shapes it does not take).

@@ -32,11 +32,8 @@
     } while (0)
 
 // Where a gated case writes its output: apart, or in place over Q or over the gate, element for
-// element (as the allocator may place the gate's MUL; the header says why that is safe), or, with
-// the meeting (frt_attn_decode_args::meet), over Q or the gate moved on by one key/value head's
-// query heads: each cluster's output lies over the next cluster's inputs (the last's over the next
-// token's first cluster, past the end for the last token).
-enum class out_place { apart, over_q, over_gate, shifted_over_q, shifted_over_gate };
+// element (as the allocator may place the gate's MUL; the header says why that is safe).
+enum class out_place { apart, over_q, over_gate };
 
 enum class mask_kind {
     none,
@@ -110,9 +107,7 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     const float scale = 1.0f / std::sqrt((float) d);
     // The gate as qwen35's q projection holds it: head h of token t is [q (d values), gate (d)];
     // the q halves NaN (the kernel must not read them).
-    const bool         shifted = dc.place == out_place::shifted_over_q || dc.place == out_place::shifted_over_gate;
-    const size_t       shift   = (size_t) gqa * d;  // floats of Q (of the gate: twice as many) a shifted output moves on
-    std::vector<float> gate(dc.gated ? (size_t) 2 * d * H * T + 2 * shift : 0, NAN);
+    std::vector<float> gate(dc.gated ? (size_t) 2 * d * H * T : 0, NAN);
     const int64_t gate_head = 2 * (int64_t) d, gate_token = 2 * (int64_t) d * H;
     for (int t = 0; t < T && dc.gated; ++t) {
         for (int h = 0; h < H; ++h) {
@@ -171,7 +166,7 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     }
     frt_attn_decode_args a = {};
     a.d = d, a.heads = H, a.heads_kv = G, a.n_q = T, a.n_kv = N;
-    CHECK(cudaMalloc(&d_q, (q.size() + shift) * sizeof(float)));
+    CHECK(cudaMalloc(&d_q, q.size() * sizeof(float)));
     CHECK(cudaMalloc(&d_out, ref.size() * sizeof(float)));
     CHECK(cudaMalloc(&d_k, k.size() * sizeof(__half)));
     CHECK(cudaMalloc(&d_v, v.size() * sizeof(__half)));
@@ -208,45 +203,31 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     }
 
     // In place: the output at the input's addresses, with its strides.
-    const bool over_q = dc.place == out_place::over_q || dc.place == out_place::shifted_over_q;
-    const bool over_gate = dc.place == out_place::over_gate || dc.place == out_place::shifted_over_gate;
-    if (over_q) {
-        a.out = d_q + (shifted ? shift : 0), a.out_token = a.q_token, a.out_head = a.q_head;
-    } else if (over_gate) {
-        a.out = d_gate + d + (shifted ? 2 * shift : 0), a.out_token = gate_token, a.out_head = gate_head;
-    }
-    // The meeting's words as other launches leave them: the last launch numbered 2^32 - 1 (this
-    // one's number wraps to 0) and every block's mark at that number.
-    unsigned * d_meet = nullptr;
-    if (shifted) {
-        if (!frt_attn_decode_meet_supported(d, G)) {
-            std::printf("FAIL %-52s the meeting refused on this device\n", dc.name);
-            return 1;
-        }
-        const std::vector<unsigned> meet(FRT_ATTN_DECODE_MEET_WORDS, 0xffffffffu);
-        CHECK(cudaMalloc(&d_meet, meet.size() * sizeof(unsigned)));
-        CHECK(cudaMemcpy(d_meet, meet.data(), meet.size() * sizeof(unsigned), cudaMemcpyHostToDevice));
-        a.meet = d_meet;
+    if (dc.place == out_place::over_q) {
+        a.out = d_q, a.out_token = a.q_token, a.out_head = a.q_head;
+    } else if (dc.place == out_place::over_gate) {
+        a.out = d_gate + d, a.out_token = gate_token, a.out_head = gate_head;
     }
     std::vector<float> got[2];
     for (int run = 0; run < 2; ++run) {
-        if (over_q) {
+        if (dc.place == out_place::over_q) {
             CHECK(cudaMemcpy(d_q, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
-        } else if (over_gate) {
+        } else if (dc.place == out_place::over_gate) {
             CHECK(cudaMemcpy(d_gate, gate.data(), gate.size() * sizeof(float), cudaMemcpyHostToDevice));
         } else {
             CHECK(cudaMemset(d_out, 0xff, ref.size() * sizeof(float)));  // NaN poison
         }
         CHECK(frt_attn_decode(a, 0));
         CHECK(cudaDeviceSynchronize());
-        std::vector<float> buf(over_gate ? gate.size() : ref.size());
-        CHECK(cudaMemcpy(buf.data(), over_gate ? d_gate : a.out, buf.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        std::vector<float> buf(dc.place == out_place::over_gate ? gate.size() : ref.size());
+        CHECK(cudaMemcpy(buf.data(), dc.place == out_place::over_gate ? d_gate : a.out, buf.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
         got[run].resize(ref.size());
         for (int t = 0; t < T; ++t) {
             for (int h = 0; h < H; ++h) {
                 for (int i = 0; i < d; ++i) {
-                    const size_t at = over_gate ? t * gate_token + h * gate_head + d + i + (shifted ? 2 * shift : 0) :
-                                                  (size_t) t * d * H + (size_t) h * d + i;
+                    const size_t at = dc.place == out_place::over_gate ? t * gate_token + h * gate_head + d + i :
+                                                                         (size_t) t * d * H + (size_t) h * d + i;
                     got[run][(size_t) t * d * H + (size_t) h * d + i] = buf[at];
                 }
             }
@@ -271,7 +252,7 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
                 ok ? "ok  " : "FAIL", dc.name, d, H, G, T, N, frt_attn_decode_cells_a_block(N), max_err, not_finite,
                 same ? "" : ", second launch differs", stock_bits ? "" : ", not stock's bits for the gate");
     cudaFree(d_q), cudaFree(d_out), cudaFree(d_k), cudaFree(d_v), cudaFree(d_mask);
-    cudaFree(d_gate), cudaFree(d_expect), cudaFree(d_meet);
+    cudaFree(d_gate), cudaFree(d_expect);
     return ok ? 0 : 1;
 }
 
@@ -294,11 +275,6 @@ static int run_refusals() {
                              frt_attn_decode_unsupported(r.d, r.heads, r.heads_kv, r.n_q, r.n_kv) != nullptr;
         failed += !refused;
     }
-    // The meeting where its blocks could not all be resident at once: more than 64.
-    frt_attn_decode_args a = {};
-    a.d = 256, a.heads = 16, a.heads_kv = 16, a.n_q = 1, a.n_kv = 256;
-    a.meet = (unsigned *) 16;  // never touched: refused before any launch
-    failed += !(frt_attn_decode(a, 0) == cudaErrorInvalidValue && !frt_attn_decode_meet_supported(256, 16));
     std::printf("%s refusals of bad shapes\n", failed ? "FAIL" : "ok  ");
     return failed ? 1 : 0;
 }
@@ -320,12 +296,6 @@ int main() {
         { "gated: one query head a KV head, 3 tokens", 64, 8, 8, 3, 20, mask_kind::prefix, 20, true },
         { "gated, in place over Q", 256, 16, 2, 2, 256, mask_kind::prefix, 200, true, out_place::over_q },
         { "gated, in place over the gate", 128, 32, 4, 4, 300, mask_kind::random, 0, true, out_place::over_gate },
-        { "gated, meeting: over the next KV head's Q", 256, 16, 2, 2, 256, mask_kind::prefix, 200, true,
-          out_place::shifted_over_q },
-        { "gated, meeting: qwen36 decode, 1000 cells, over Q", 256, 16, 2, 1, 1000, mask_kind::prefix, 1000, true,
-          out_place::shifted_over_q },
-        { "gated, meeting: over the next KV head's gate", 128, 32, 4, 4, 300, mask_kind::random, 0, true,
-          out_place::shifted_over_gate },
     };
     int failed = 0;
     for (const decode_case & dc : cases) {
