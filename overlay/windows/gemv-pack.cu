@@ -781,9 +781,9 @@ static void add_prefetch(const ggml_cgraph * cgraph, const flashrt_gemv_pack & p
     }
 }
 
-// On unless GGML_FLASHRT_NORM_HANDOFF=0: the tail that norms (8 blocks meeting at a counter) takes
-// ~2.5 µs longer, the launches it feeds ~3.3 µs less (tg128 +0.9% and +1.0% on the H100,
-// bench/results/2026-12-06-20af5b6-h100-experiments).
+// On unless GGML_FLASHRT_NORM_HANDOFF=0: the tail that norms takes ~2.5 µs longer (its 8 blocks
+// meeting at a counter then; ~1 µs less since they meet at tagged sums), the launches it feeds ~3.3
+// µs less (tg128 +0.9% and +1.0% on the H100, bench/results/2026-12-06-20af5b6-h100-experiments).
 static bool norm_handoff_enabled() {
     static const bool enabled = flashrt_env_flag("GGML_FLASHRT_NORM_HANDOFF", true);
     return enabled;
