@@ -37,6 +37,7 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu vendor/csrc/*.cu -o gemv-bench
 
 #include "cuda-check.cuh"
+#include "graph-timing.cuh"
 #include "gemv.cuh"
 #include "pdl.cuh"
 #include "tests/test-gemv-reference.cuh"
@@ -267,43 +268,6 @@ shape_weights make_weights(const shape_spec & s, double stream_mib, std::mt19937
 
 // Per-launch time of a graph of `launches` launches (launch_i(i, stream) adds launch i), median,
 // least and most over `replays` replays after 3 warm-up replays.
-struct timing {
-    double median, least, most;
-};
-
-timing time_graph(int launches, int replays, cudaStream_t stream, const std::function<void(int, cudaStream_t)> & launch_i) {
-    cudaGraph_t     graph;
-    cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < launches; ++i) {
-        launch_i(i, stream);
-    }
-    CHECK(cudaStreamEndCapture(stream, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaEvent_t start, stop;
-    CHECK(cudaEventCreate(&start));
-    CHECK(cudaEventCreate(&stop));
-    for (int i = 0; i < 3; ++i) {
-        CHECK(cudaGraphLaunch(exec, stream));
-    }
-    std::vector<double> us;
-    for (int i = 0; i < replays; ++i) {
-        CHECK(cudaEventRecord(start, stream));
-        CHECK(cudaGraphLaunch(exec, stream));
-        CHECK(cudaEventRecord(stop, stream));
-        CHECK(cudaEventSynchronize(stop));
-        float ms = 0.0f;
-        CHECK(cudaEventElapsedTime(&ms, start, stop));
-        us.push_back(1000.0 * ms / launches);
-    }
-    std::sort(us.begin(), us.end());
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaEventDestroy(start));
-    CHECK(cudaEventDestroy(stop));
-    return { us[us.size() / 2], us.front(), us.back() };
-}
-
 // --between's small kernel: waits for its predecessor, then rewrites x (n floats) from a pristine
 // copy, so every GEMV launch multiplies the same vectors and each depends on the kernel before it.
 __global__ void between_kernel(const float * src, float * x, int n) {

@@ -5,14 +5,14 @@
 // each on its own layer's buffers; the time per launch is the median over 50 replays of the graph's
 // time / 40. The handoff's extra time is its meeting, so versions or switches of the meeting are
 // compared by running this under each. Prints a markdown table.
-//   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc bench/tools/tail-bench.cu vendor/csrc/moe-ffn-tail.cu \
+//   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/tail-bench.cu vendor/csrc/moe-ffn-tail.cu \
 //        vendor/csrc/pdl.cu -o tail-bench && ./tail-bench
 
 #include "cuda-check.cuh"
+#include "graph-timing.cuh"
 #include "moe-ffn-tail.cuh"
 #include "q8-x.cuh"
 
-#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -55,37 +55,13 @@ int main() {
 
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaEvent_t start, stop;
-    CHECK(cudaEventCreate(&start));
-    CHECK(cudaEventCreate(&stop));
     std::printf("| tail | µs a launch (median) | least | most |\n|---|---:|---:|---:|\n");
     for (const auto * setting : { &plain, &handoff }) {
-        cudaGraph_t     graph;
-        cudaGraphExec_t exec;
-        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (const frt_moe_tail_args & a : *setting) {
-            CHECK(frt_moe_tail(a, stream));
-        }
-        CHECK(cudaStreamEndCapture(stream, &graph));
-        CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int i = 0; i < 3; ++i) {
-            CHECK(cudaGraphLaunch(exec, stream));
-        }
-        std::vector<double> us;
-        for (int i = 0; i < replays; ++i) {
-            CHECK(cudaEventRecord(start, stream));
-            CHECK(cudaGraphLaunch(exec, stream));
-            CHECK(cudaEventRecord(stop, stream));
-            CHECK(cudaEventSynchronize(stop));
-            float ms = 0.0f;
-            CHECK(cudaEventElapsedTime(&ms, start, stop));
-            us.push_back(1000.0 * ms / layers);
-        }
-        std::sort(us.begin(), us.end());
-        std::printf("| %s | %.2f | %.2f | %.2f |\n", setting == &plain ? "plain" : "norm handoff", us[us.size() / 2],
-                    us.front(), us.back());
-        CHECK(cudaGraphExecDestroy(exec));
-        CHECK(cudaGraphDestroy(graph));
+        const timing t = time_graph(layers, replays, stream, [&](int l, cudaStream_t st) {
+            CHECK(frt_moe_tail((*setting)[l], st));
+        });
+        std::printf("| %s | %.2f | %.2f | %.2f |\n", setting == &plain ? "plain" : "norm handoff", t.median, t.least,
+                    t.most);
     }
     return 0;
 }
