@@ -48,6 +48,15 @@ static bool exact_evict_first() {
     return evict_first;
 }
 
+// Experiment: GGML_FLASHRT_EXACT_F32_ROWS=N gives a launch of F32 matrices only (the router pack)
+// N rows a block instead of a multiple of 4 (qwen36's router: 257 blocks of 1 row against 65 of
+// 4). A block's x loads queue behind its own staged rows (32 KB at 4 rows), so fewer rows a block
+// should bring x in sooner; unset or 0: the multiple of 4.
+static int exact_f32_rows() {
+    static const int rows = std::max(0, frt_env_int("GGML_FLASHRT_EXACT_F32_ROWS", 0));
+    return rows;
+}
+
 // frt_gemv_trace's ring (one a process).
 struct exact_trace_ring {
     std::mutex              mutex;
@@ -162,6 +171,10 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         p.trace_capacity = r.capacity;
     }
     p.prefetch            = a.prefetch;
+    if (a.tagged_logits.slots != nullptr && a.tagged_logits.seg >= 0) {
+        p.tagged       = a.tagged_logits.slots;
+        p.tagged_epoch = a.tagged_logits.epoch;
+    }
     if (a.route_logits != nullptr) {
         p.route_logits  = a.route_logits;
         p.route_ids     = a.route_ids;
@@ -174,6 +187,11 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
             if (a.seg[i].ids != nullptr) {
                 p.route_n_used = a.seg[i].n_used;
             }
+        }
+        if (a.tagged_logits.slots != nullptr) {
+            p.tagged       = a.tagged_logits.slots;
+            p.tagged_epoch = a.tagged_logits.epoch;
+            p.tags_read    = 1;
         }
     } else if (a.guess_logits != nullptr) {
         p.guess_logits = a.guess_logits;
@@ -257,6 +275,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     if (main_width > 0) {  // as many as fit in shared memory with their sums
         rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (copies * (main_width + kStockThreads * 4)) / 4 * 4));
     }
+    if (!q8 && exact_f32_rows() > 0) {
+        rows = std::min(kExactMaxRows, exact_f32_rows());
+    }
     exact_shape shape = shape_at(rows);
     // A launch a little over one wave (the experts' down projection with the shared expert's: 18432
     // rows, 288 blocks of 64 where a wave is 264) pays a whole block's time for the few blocks of
@@ -311,6 +332,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.chunks          = (s.rows + q.chunk_rows - 1) / q.chunk_rows;
         q.block_begin     = blocks;
         q.stage_unit      = shape.units[i];
+        q.tags_logits     = a.tagged_logits.slots != nullptr && a.tagged_logits.seg == i ? 1 : 0;
         blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
     }
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
@@ -318,6 +340,9 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
     }
     // frt_gemv_trace: the instances that write records (not the tail's).
+    if (glu && p.tags_read && p.trace == nullptr) {  // a traced launch routes after its wait
+        return exact_launch<frt_gemv_exact_kernel<true, false, false, true>>(device, blocks, smem, stream, p);
+    }
     const auto launch = p.trace != nullptr ? exact_launch_glu<true> : exact_launch_glu<false>;
     return launch(glu, device, blocks, smem, stream, p);
 }
