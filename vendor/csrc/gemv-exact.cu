@@ -48,15 +48,6 @@ static bool exact_evict_first() {
     return evict_first;
 }
 
-// Experiment: GGML_FLASHRT_EXACT_F32_ROWS=N gives a launch of F32 matrices only (the router pack)
-// N rows a block instead of a multiple of 4 (qwen36's router: 257 blocks of 1 row against 65 of
-// 4). A block's x loads queue behind its own staged rows (32 KB at 4 rows), so fewer rows a block
-// should bring x in sooner; unset or 0: the multiple of 4.
-static int exact_f32_rows() {
-    static const int rows = std::max(0, frt_env_int("GGML_FLASHRT_EXACT_F32_ROWS", 0));
-    return rows;
-}
-
 // frt_gemv_trace's ring (one a process).
 struct exact_trace_ring {
     std::mutex              mutex;
@@ -274,9 +265,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     int rows = std::min(kExactMaxRows, std::max(4, ((total + wave - 1) / wave + 3) / 4 * 4));
     if (main_width > 0) {  // as many as fit in shared memory with their sums
         rows = std::max(4, std::min<int>(rows, (kMaxSmem - p.smem_part) / (copies * (main_width + kStockThreads * 4)) / 4 * 4));
-    }
-    if (!q8 && exact_f32_rows() > 0) {
-        rows = std::min(kExactMaxRows, exact_f32_rows());
     }
     exact_shape shape = shape_at(rows);
     // A launch a little over one wave (the experts' down projection with the shared expert's: 18432
