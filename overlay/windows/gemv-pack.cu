@@ -850,12 +850,12 @@ static void take_handoff(const handoff_note_t & h, const ggml_backend_cuda_conte
     flashrt_global_stats().handoffs++;
 }
 
-// On unless GGML_FLASHRT_ROUTE_TAGS=0: the ROUTER launch also stores its logits tagged
+// Experiment, off unless GGML_FLASHRT_ROUTE_TAGS=1: the ROUTER launch also stores its logits tagged
 // (frt_gemv_args::tagged_logits) and the MOE_TOPK launch after it polls them before its wait, so
 // the experts' rows start moving once the logits are stored, not once the router's grid has ended
 // and the PDL wait has released (predicted -1 to -1.5 µs a MoE layer).
 static bool route_tags_enabled() {
-    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ROUTE_TAGS", true);
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ROUTE_TAGS", false);
     return enabled;
 }
 
