@@ -1,15 +1,13 @@
 #include "counters.cuh"
 
 #include "moe-ffn-tail.cuh"
-#include "gemv.cuh"
 #include "q8-x.cuh"
 
 #include <map>
 #include <mutex>
 
 // Slices, in the order of flashrt_counter_use (each a multiple of 4: every slice 16-byte aligned).
-static constexpr int counters_size[] = { 256, 2048, frt_x_q8_bytes(FRT_X_Q8_MAX_K) / 4, FRT_MOE_TAIL_NORM_SCRATCH,
-                                         4 + 2 * FRT_GEMV_MAX_TAGGED };
+static constexpr int counters_size[] = { 256, 2048, frt_x_q8_bytes(FRT_X_Q8_MAX_K) / 4, FRT_MOE_TAIL_NORM_SCRATCH };
 static constexpr int counters_uses   = (int) (sizeof(counters_size) / sizeof(counters_size[0]));
 static_assert(FRT_MOE_TAIL_NORM_SCRATCH % 4 == 0, "every slice 16-byte aligned");
 

@@ -104,9 +104,6 @@ struct stats_at_exit {
         std::fprintf(stderr, "FlashRT stats: attention gate: %llu ATTN_DECODE launch(es) applied the output gate "
                      "(GGML_FLASHRT_ATTN_GATE=0: off)\n",
                      (unsigned long long) stats.attn_gates.load());
-        std::fprintf(stderr, "FlashRT stats: tagged routing: %llu MOE_TOPK launch(es) poll the router's tagged logits "
-                     "(GGML_FLASHRT_ROUTE_TAGS=1: on)\n",
-                     (unsigned long long) stats.tagged_routes.load());
         std::fprintf(stderr, "FlashRT stats: %s\n", frt_fa4_summary());
         std::fprintf(stderr, "FlashRT stats: counts are per captured graph; CUDA graph replays reuse them\n");
     }

@@ -37,7 +37,6 @@ struct flashrt_stats {
     std::atomic<uint64_t> repack_refused_bytes{ 0 };
     std::atomic<uint64_t> handoffs{ 0 };        // GEMV launches that took their input normed and quantized (x_q8)
     std::atomic<uint64_t> attn_gates{ 0 };      // ATTN_DECODE launches that applied the output gate
-    std::atomic<uint64_t> tagged_routes{ 0 };   // MOE_TOPK launches that poll the router's tagged logits
 };
 
 bool flashrt_debug_enabled();

@@ -850,63 +850,6 @@ static void take_handoff(const handoff_note_t & h, const ggml_backend_cuda_conte
     flashrt_global_stats().handoffs++;
 }
 
-// Experiment, off unless GGML_FLASHRT_ROUTE_TAGS=1: the ROUTER launch also stores its logits tagged
-// (frt_gemv_args::tagged_logits) and the MOE_TOPK launch after it polls them before its wait, so
-// the experts' rows start moving once the logits are stored, not once the router's grid has ended
-// and the PDL wait has released (predicted -1 to -1.5 µs a MoE layer).
-static bool route_tags_enabled() {
-    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ROUTE_TAGS", false);
-    return enabled;
-}
-
-// The last tagging router launch of this thread's node loop: whose logits the slots carry.
-struct route_note_t {
-    const ggml_backend_cuda_context * ctx        = nullptr;
-    const ggml_cgraph *               cgraph     = nullptr;
-    uint64_t                          evaluation = 0;
-    const float *                     logits     = nullptr;
-    int                               rows       = 0;
-};
-static thread_local route_note_t route_note;
-
-// A ROUTER launch tags its widest F32 segment (the router's logits, not the shared expert's one
-// gate row); a launch that routes takes the tags when that router's logits are its own in this
-// evaluation. Either way only where the kernel accepts them.
-static void add_tagged_logits(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const char * window,
-                              frt_gemv_args & a) {
-    if (!route_tags_enabled()) {
-        return;
-    }
-    unsigned * words = flashrt_counters_of(ctx, flashrt_counter_use::route_tags);
-    if (words == nullptr) {
-        return;
-    }
-    a.tagged_logits.epoch = words;
-    a.tagged_logits.slots = (unsigned long long *) (words + 4);
-    if (std::strcmp(window, "ROUTER") == 0) {
-        int seg = -1;
-        for (int i = 0; i < a.n_segments; ++i) {
-            if (a.seg[i].type == FRT_GEMV_F32 && a.seg[i].ids == nullptr && a.seg[i].rows >= 32 &&
-                (seg < 0 || a.seg[i].rows > a.seg[seg].rows)) {
-                seg = i;
-            }
-        }
-        a.tagged_logits.seg = seg;
-        if (seg >= 0 && frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) == nullptr) {
-            route_note = { &ctx, cgraph, flashrt_evaluation(), a.seg[seg].out, a.seg[seg].rows };
-            return;
-        }
-    } else if (a.route_logits != nullptr) {
-        const route_note_t & n = route_note;
-        if (n.ctx == &ctx && n.cgraph == cgraph && n.evaluation == flashrt_evaluation() && n.logits == a.route_logits &&
-            n.rows == a.route_n_experts && frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) == nullptr) {
-            flashrt_global_stats().tagged_routes++;
-            return;
-        }
-    }
-    a.tagged_logits = frt_gemv_tagged_logits();
-}
-
 void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const flashrt_gemv_pack & pack,
                            const char * window) {
     // A note is for the next GEMV launch only. Kept longer, a later launch whose input ggml's
@@ -925,7 +868,6 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
         add_guess(cgraph, pack, a);
         add_prefetch(cgraph, pack, a);
         take_handoff(note, ctx, cgraph, pack, a);
-        add_tagged_logits(ctx, cgraph, window, a);
     }
     bool tail_apart = false;
     if (a.tail.out != nullptr) {
@@ -954,8 +896,8 @@ void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph *
 
 void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
                                const flashrt_gemv_pack & pack) {
-    if (pack.tail >= 0 || route_tags_enabled()) {
-        flashrt_counters_prepare(ctx);  // without them the tail runs in its own kernel, routers untagged
+    if (pack.tail >= 0) {
+        flashrt_counters_prepare(ctx);  // without them the tail runs in its own kernel
     }
     frt_gemv_args a;
     fill_args(cgraph, pack, a);

@@ -67,7 +67,6 @@ struct exact_seg {
     int             type, rows, epilogue, n_experts, chunks, block_begin;
     int             chunk_rows;  // rows a block (at most exact_params::rows_per_block)
     int             stage_unit;  // bytes a cp.async copies when the rows are staged (16 or 4), 0: read in place
-    int             tags_logits;  // 1: the rows are the router logits whose tagged copies the launch writes
 };
 
 struct exact_params {
@@ -92,11 +91,6 @@ struct exact_params {
     // and route_n_used describe the selection), write nothing, and stage the rows guessed.
     const float * guess_logits;
     float         route_clamp, route_scale;
-    // frt_gemv_args::tagged_logits: the slots and the epoch word; written by the segment with
-    // tags_logits, or (tags_read) polled by a launch that routes.
-    unsigned long long * tagged;
-    unsigned *           tagged_epoch;
-    int                  tags_read;
     // frt_gemv_args::tail (out non-null): its segments' blocks count their rows and complete it.
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
@@ -244,10 +238,14 @@ static __device__ __forceinline__ float exact_route_value(uint32_t key) {
 // lane `round` and added, when normalising, to the sum of the lane that owns the expert; that sum
 // across the warp, max(sum, clamp), the weights times 1 / sum; the written weight times the scale.
 // ids[] (shared memory) receives the experts in selection order; block 0 writes the weights.
-// exact_route_values: from the logits a lane holds (wt[i]: expert lane + 32 i).
 template <int EPT>
-static __device__ void exact_route_values(const exact_params & p, float (&wt)[EPT], bool publish, int * ids) {
+static __device__ void exact_route_warp(const exact_params & p, const float * logits, bool publish, int * ids) {
     const int lane = threadIdx.x % 32;
+    float     wt[EPT];
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+        wt[i] = __ldcg(logits + i * 32 + lane);  // L2: a guess reads them before the wait
+    }
     float max_val = -INFINITY;
 #pragma unroll
     for (int i = 0; i < EPT; ++i) {
@@ -317,17 +315,6 @@ static __device__ void exact_route_values(const exact_params & p, float (&wt)[EP
     }
 }
 
-template <int EPT>
-static __device__ void exact_route_warp(const exact_params & p, const float * logits, bool publish, int * ids) {
-    const int lane = threadIdx.x % 32;
-    float     wt[EPT];
-#pragma unroll
-    for (int i = 0; i < EPT; ++i) {
-        wt[i] = __ldcg(logits + i * 32 + lane);  // L2: a guess reads them before the wait
-    }
-    exact_route_values<EPT>(p, wt, publish, ids);
-}
-
 // The selection from `logits` into ids[] for the whole block; with `publish` (block 0 of a launch
 // that routes) also written out for the kernels after the launch. Every thread of the block calls
 // it.
@@ -345,109 +332,6 @@ static __device__ void exact_route(const exact_params & p, const float * logits,
     if (publish && (int) threadIdx.x < p.route_n_used) {
         p.route_ids[threadIdx.x] = ids[threadIdx.x];
     }
-}
-
-static __device__ __forceinline__ void exact_store_relaxed(unsigned long long * at, unsigned long long v) {
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(at), "l"(v) : "memory");
-}
-
-static __device__ __forceinline__ unsigned long long exact_load_relaxed(const unsigned long long * at) {
-    unsigned long long v;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(at) : "memory");
-    return v;
-}
-
-static __device__ __forceinline__ unsigned exact_load_relaxed(const unsigned * at) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
-    return v;
-}
-
-// How long a launch that routes polls the tagged logits before it leaves the routing to after its
-// wait: the router's stores land within its own few µs; the bound only keeps a launch whose router
-// did not tag (or tagged other slots) from spinning (~20 µs at 1.7-2 GHz).
-static constexpr long long kTagPollCycles = 40000;
-
-// Warp 0 of a block that routes from tagged logits: polls the slots until the route_n_experts of
-// them carry the epoch's tag, keeping the logits in `snapshot` (shared memory), and selects from
-// them into ids[]. false: no tags within kTagPollCycles (nothing selected).
-template <int EPT>
-static __device__ bool exact_route_tagged_warp(const exact_params & p, float * snapshot, int * ids) {
-    const int       lane  = threadIdx.x % 32;
-    const unsigned  tag   = exact_load_relaxed(p.tagged_epoch);
-    const long long start = clock64();
-    for (bool all = false; !all;) {
-        // All EPT loads first, then their uses: a shared-memory store between two of the volatile
-        // loads would hold the second until the first returned, EPT round trips a poll (measured:
-        // the launch 14.1 -> 19.1 µs with them serialized, H100, 5452629).
-        unsigned long long v[EPT];
-#pragma unroll
-        for (int i = 0; i < EPT; ++i) {
-            v[i] = exact_load_relaxed(p.tagged + i * 32 + lane);
-        }
-        bool mine = true;
-#pragma unroll
-        for (int i = 0; i < EPT; ++i) {
-            snapshot[i * 32 + lane] = __uint_as_float((unsigned) v[i]);
-            mine                    = mine && (unsigned) (v[i] >> 32) == tag;
-        }
-        all = __all_sync(kFull, mine);
-        if (!all && clock64() - start > kTagPollCycles) {
-            return false;
-        }
-    }
-    float wt[EPT];
-#pragma unroll
-    for (int i = 0; i < EPT; ++i) {
-        wt[i] = snapshot[i * 32 + lane];
-    }
-    exact_route_values<EPT>(p, wt, false, ids);
-    return true;
-}
-
-// The block's selection from the tagged logits before its wait (exact_route_tagged_warp), or false.
-// Every thread of the block calls it. At most FRT_GEMV_MAX_TAGGED_ROUTED experts (gemv.cu checks).
-// Not inlined, nor is exact_snapshot_current: one copy for every instance of exact_rows (inlined,
-// they pushed ptxas to outline and spill a SwiGLU instance's rows).
-static __device__ __noinline__ bool exact_route_tagged(const exact_params & p, float * snapshot, int * ids) {
-    __shared__ int came;
-    if (threadIdx.x < 32) {
-        bool ok;
-        switch (p.route_ept) {
-            case 1:  ok = exact_route_tagged_warp<1>(p, snapshot, ids); break;
-            case 2:  ok = exact_route_tagged_warp<2>(p, snapshot, ids); break;
-            case 4:  ok = exact_route_tagged_warp<4>(p, snapshot, ids); break;
-            default: ok = exact_route_tagged_warp<8>(p, snapshot, ids); break;
-        }
-        if (threadIdx.x == 0) {
-            came = ok;
-        }
-    }
-    __syncthreads();
-    return came != 0;
-}
-
-// After the wait: whether the logits are the snapshot's bits (then the selection made from it is
-// theirs). Every thread of the block calls it.
-static __device__ __noinline__ bool exact_snapshot_current(const exact_params & p, const float * snapshot) {
-    __shared__ int same;
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        bool      eq   = true;
-#pragma unroll
-        for (int i = 0; i < FRT_GEMV_MAX_TAGGED_ROUTED / 32; ++i) {
-            if (i < p.route_ept) {
-                eq = eq && __float_as_uint(__ldcg(p.route_logits + i * 32 + lane)) ==
-                               __float_as_uint(snapshot[i * 32 + lane]);
-            }
-        }
-        eq = __all_sync(kFull, eq);
-        if (lane == 0) {
-            same = eq;
-        }
-    }
-    __syncthreads();
-    return same != 0;
 }
 
 // The scales and mins (6 bits each) of sub-blocks j and j + 1 of a Q4_K block (j even), packed as
@@ -866,41 +750,12 @@ static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slo
 // other bits) are copied again, once this thread's copies in flight have landed.
 // GUESS: the instance has the guessing path (not the SwiGLU gate/up's, which routes in its launch
 // and spills with it).
-//
-// A launch that routes from tagged logits (tags_read; TAGS: the SwiGLU instance, which routes) does
-// the same with the logits themselves: its expert blocks poll the router's tagged copies before
-// their wait, select from them and stage those rows; after the wait the logits decide (the same
-// bits: the selection stands; else, or without tags, routed again and copied again).
-template <bool STAGED, bool GUESS, bool TAGS, bool TRACE, typename STAGER, typename COPY>
+template <bool STAGED, bool GUESS, bool TRACE, typename STAGER, typename COPY>
 static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params & p, const exact_seg & s, int slot,
                                                             int64_t & off, STAGER & stager, COPY copy) {
     __shared__ int routed[32];
     if (STAGED && s.ids == nullptr) {
         copy();
-    } else if (STAGED && TAGS && p.tags_read && s.ids != nullptr && blockIdx.x != 0) {  // block 0 publishes
-        __shared__ float snapshot[FRT_GEMV_MAX_TAGGED_ROUTED];
-        const int64_t    base        = off;
-        const bool       came        = exact_route_tagged(p, snapshot, routed);
-        const bool       early       = came && exact_matrix(s, slot, off, routed);
-        const int64_t    early_off   = off;
-        if (early) {
-            copy();
-        }
-        frt_pdl_wait();
-        exact_trace_mark<TRACE>(kMarkWaited);
-        if (came && exact_snapshot_current(p, snapshot)) {
-            exact_prefetch_experts(p, s, routed);
-            return early;
-        }
-        exact_route(p, p.route_logits, false, routed);
-        off              = base;
-        const bool valid = exact_matrix(s, slot, off, routed);
-        if (valid && !(early && off == early_off)) {
-            stager.wait_all();
-            copy();
-        }
-        exact_prefetch_experts(p, s, routed);
-        return valid;
     } else if (STAGED && GUESS && p.guess_logits != nullptr) {
         const int64_t base = off;
         exact_route(p, p.guess_logits, false, routed);
@@ -939,7 +794,7 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used.
-template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool TAGS>
+template <int TYPE, bool STAGED, bool GLU, bool TRACE>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
@@ -958,7 +813,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
     exact_trace_start<TRACE>();
     exact_stager stager(p.evict_first != 0);
-    const bool    valid = exact_wait_and_stage<STAGED, !GLU, GLU && TAGS, TRACE>(p, s, slot, off, stager, [&]() {
+    const bool    valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, stager, [&]() {
         stager.copy(stage, s.w + off, bytes, s.stage_unit);
         if constexpr (glu) {
             stager.copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
@@ -1054,28 +909,15 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
 // rows: a warp's row in global memory takes one load latency per pass of mmvf's loop (4 at k =
 // 2048), which set the router pack's time; copied before the wait, the latency overlaps the
 // previous kernel and the prologue.
-// TAGS: the instance writes the router logits' tagged copies (the plain one: the code made ptxas
-// spill more in the SwiGLU and tail instances).
-template <bool STAGED, bool TAGS, bool TRACE>
+template <bool STAGED, bool TRACE>
 static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                       uint8_t * smem) {
     uint8_t *     stage = smem + p.smem_stage;
     int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
     const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
     exact_trace_start<TRACE>();
-    // The router's tagged copies: all slots carry one tag between launches (each launch writes every
-    // row's), so the block's first slot gives the next one; block 0 publishes it, before its wait
-    // (the slots and the word were last written by the router before ours, long done), so that the
-    // launch that polls finds it when its blocks start.
-    __shared__ unsigned tag;
-    if (TAGS && s.tags_logits && threadIdx.x == 0) {
-        tag = (unsigned) (exact_load_relaxed(p.tagged + row0) >> 32) + 1u;
-        if (row0 == 0) {
-            asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p.tagged_epoch), "r"(tag) : "memory");
-        }
-    }
     exact_stager stager(p.evict_first != 0);
-    const bool    valid = exact_wait_and_stage<STAGED, false, false, TRACE>(p, s, slot, off, stager, [&]() {
+    const bool    valid = exact_wait_and_stage<STAGED, false, TRACE>(p, s, slot, off, stager, [&]() {
         stager.copy(stage, s.w + off, bytes, s.stage_unit);
     });
     exact_trace_mark<TRACE>(kMarkIssued);
@@ -1095,9 +937,6 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
                               : __int_as_float(0x7fffffff);
         if (lane == 0) {
             exact_store(s, slot, row0 + j, v);
-            if (TAGS && s.tags_logits) {
-                exact_store_relaxed(p.tagged + row0 + j, (unsigned long long) tag << 32 | __float_as_uint(v));
-            }
         }
     }
     exact_trace_mark<TRACE>(kMarkProducts);  // products and stores go row by row here
@@ -1149,10 +988,8 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
-// own instance too: the tail's code made ptxas spill in the plain one). TAGS: a SwiGLU launch that
-// routes from tagged logits (frt_gemv_args::tagged_logits; its own instance: the polling path made
-// the SwiGLU one spill 14 bytes more).
-template <bool GLU, bool TAIL = false, bool TRACE = false, bool TAGS = false>
+// own instance too: the tail's code made ptxas spill in the plain one).
+template <bool GLU, bool TAIL = false, bool TRACE = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -1167,20 +1004,20 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, TAGS>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, TAGS>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, TAGS>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, TAGS>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, TAGS>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, TAGS>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
         default:
-            s.stage_unit ? exact_rows_f32<true, !GLU && !TAIL, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows_f32<false, !GLU && !TAIL, TRACE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows_f32<false, TRACE>(p, s, slot, row0, n, vec, smem);
             break;
     }
     if (TAIL) {  // a tail launch's two segments are the tail's

@@ -162,10 +162,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         p.trace_capacity = r.capacity;
     }
     p.prefetch            = a.prefetch;
-    if (a.tagged_logits.slots != nullptr && a.tagged_logits.seg >= 0) {
-        p.tagged       = a.tagged_logits.slots;
-        p.tagged_epoch = a.tagged_logits.epoch;
-    }
     if (a.route_logits != nullptr) {
         p.route_logits  = a.route_logits;
         p.route_ids     = a.route_ids;
@@ -178,11 +174,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
             if (a.seg[i].ids != nullptr) {
                 p.route_n_used = a.seg[i].n_used;
             }
-        }
-        if (a.tagged_logits.slots != nullptr) {
-            p.tagged       = a.tagged_logits.slots;
-            p.tagged_epoch = a.tagged_logits.epoch;
-            p.tags_read    = 1;
         }
     } else if (a.guess_logits != nullptr) {
         p.guess_logits = a.guess_logits;
@@ -320,7 +311,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.chunks          = (s.rows + q.chunk_rows - 1) / q.chunk_rows;
         q.block_begin     = blocks;
         q.stage_unit      = shape.units[i];
-        q.tags_logits     = a.tagged_logits.slots != nullptr && a.tagged_logits.seg == i ? 1 : 0;
         blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
     }
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
@@ -328,9 +318,6 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
     }
     // frt_gemv_trace: the instances that write records (not the tail's).
-    if (glu && p.tags_read && p.trace == nullptr) {  // a traced launch routes after its wait
-        return exact_launch<frt_gemv_exact_kernel<true, false, false, true>>(device, blocks, smem, stream, p);
-    }
     const auto launch = p.trace != nullptr ? exact_launch_glu<true> : exact_launch_glu<false>;
     return launch(glu, device, blocks, smem, stream, p);
 }

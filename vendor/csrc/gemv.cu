@@ -281,35 +281,6 @@ static const char * gemv_route_unsupported(const frt_gemv_args & a) {
     return nullptr;
 }
 
-// The router logits' tagged copies (frt_gemv_args::tagged_logits), exact kernel only: written by
-// one F32 segment of at most FRT_GEMV_MAX_TAGGED rows (the plain instance), or read by a launch that routes whose
-// segments have the SwiGLU epilogue (the instance that has the polling path).
-static const char * gemv_tagged_unsupported(const frt_gemv_args & a) {
-    const frt_gemv_tagged_logits & t = a.tagged_logits;
-    if (t.slots == nullptr) {
-        return nullptr;
-    }
-    if (t.epoch == nullptr || (uintptr_t) t.slots % 8 != 0 || (uintptr_t) t.epoch % 4 != 0) {
-        return "frt_gemv: tagged logits need 8-byte aligned slots and an epoch word";
-    }
-    if (t.seg >= 0) {
-        if (t.seg >= a.n_segments || a.seg[t.seg].type != FRT_GEMV_F32 || a.seg[t.seg].ids != nullptr ||
-            a.seg[t.seg].rows > FRT_GEMV_MAX_TAGGED) {
-            return "frt_gemv: tagged logits are written by a dense F32 segment of at most FRT_GEMV_MAX_TAGGED rows";
-        }
-        if (a.seg[0].epilogue == FRT_GEMV_SWIGLU || a.tail.out != nullptr) {
-            return "frt_gemv: tagged logits are written by a launch without SwiGLU or an MoE tail";
-        }
-        return nullptr;
-    }
-    if (a.route_logits == nullptr || a.seg[0].epilogue != FRT_GEMV_SWIGLU ||
-        a.route_n_experts > FRT_GEMV_MAX_TAGGED_ROUTED) {
-        return "frt_gemv: tagged logits are read by a launch that routes over at most FRT_GEMV_MAX_TAGGED_ROUTED "
-               "experts, with the SwiGLU epilogue";
-    }
-    return nullptr;
-}
-
 // The fused MoE tail (frt_gemv_args::tail), exact kernel only.
 static const char * gemv_tail_unsupported(const frt_gemv_args & a) {
     const frt_gemv_moe_tail & t = a.tail;
@@ -401,9 +372,6 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
     if (const char * why = gemv_route_unsupported(a)) {
         return why;
     }
-    if (const char * why = gemv_tagged_unsupported(a)) {
-        return why;
-    }
     if (const char * why = gemv_tail_unsupported(a)) {
         return why;
     }
@@ -427,7 +395,7 @@ static bool gemv_auto_takes_head(const frt_gemv_args & a) {
 
 const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kernel) {
     if (kernel != FRT_GEMV_KERNEL_EXACT) {
-        if (a.route_logits != nullptr || a.guess_logits != nullptr || a.tagged_logits.slots != nullptr) {
+        if (a.route_logits != nullptr || a.guess_logits != nullptr) {
             return "frt_gemv: only the exact kernel selects the routed experts";
         }
         for (int i = 0; i < a.n_segments; ++i) {

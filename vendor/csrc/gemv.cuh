@@ -160,26 +160,6 @@ struct frt_gemv_prefetch {
     int64_t      expert_stride, expert_bytes;
 };
 
-// Exact kernel, one token: tagged copies of router logits, so that the launch routing from them
-// (route_logits) can select its experts and start their rows' copies before its wait, as soon as
-// the logits are stored instead of once the router's grid has ended. The launch writing the logits
-// (seg >= 0) also stores each output r of that F32 segment (at most FRT_GEMV_MAX_TAGGED rows) as
-// (tag << 32 | its bits) in slots[r], tag = the slot's tag before + 1, and publishes the tag in
-// *epoch at its start: every launch writes all its rows' slots, so the slots of a context carry one
-// tag between launches. The launch routing (seg < 0, route_logits set, at most
-// FRT_GEMV_MAX_TAGGED_ROUTED experts) reads *epoch, polls the slots until all route_n_experts carry
-// that tag (bounded: the router may not have tagged), routes from them and stages the chosen
-// experts' rows; after its wait it compares the snapshot with the logits bit for bit and routes
-// again from the logits when they differ (or no tags came), so the result is always the logits'
-// routing. slots 8-byte aligned, epoch 4-byte aligned.
-constexpr int FRT_GEMV_MAX_TAGGED        = 512;
-constexpr int FRT_GEMV_MAX_TAGGED_ROUTED = 256;  // experts a launch reading them routes over
-struct frt_gemv_tagged_logits {
-    unsigned long long * slots = nullptr;  // nullptr: none
-    unsigned *           epoch = nullptr;
-    int                  seg   = -1;       // the writer's logits segment; -1: the launch reads the tags
-};
-
 struct frt_gemv_args {
     const float * x;            // input vectors, vector v at x + v * x_stride (elements), k floats each
     int64_t       x_stride;
@@ -223,7 +203,6 @@ struct frt_gemv_args {
     // (rows staged for another expert are copied again), so the guess changes no bit, only when the
     // rows start moving. Nothing is written. Every expert segment reads the same ids.
     const float * guess_logits;
-    frt_gemv_tagged_logits tagged_logits;
     frt_gemv_moe_tail tail;
     frt_gemv_prefetch prefetch;
 };

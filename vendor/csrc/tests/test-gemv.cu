@@ -609,14 +609,6 @@ __global__ void route_reference(const float * logits, int n_experts, int n_used,
 // others and the lower expert must win), and the plain launches read route_reference's ids; the
 // launch's ids and weights must equal route_reference's bit for bit, the ids the 8 largest logits
 // in order, and the weights the float64 softmax's within 1e-5.
-// Routed launches reading tagged logits (frt_gemv_args::tagged_logits): the slots preset with this
-// launch's tag and the logits (current); with the tag but the logits negated, so the snapshot's
-// selection is the 8 smallest and must be replaced after the wait (stale); with an older tag, so
-// the poll gives up (untagged); or written by an F32 router launch made just before (from_router:
-// x one-hot, so that its outputs are the case's logits exactly, into poisoned logits, the slots'
-// tags at the wrap).
-enum class glu_tags { none, current, stale, untagged, from_router };
-
 struct glu_case {
     std::string   name;
     frt_gemv_type type;
@@ -626,7 +618,6 @@ struct glu_case {
     bool          routed      = false;
     bool          dense_first = false;  // the dense pair's segment first (block 0 is a dense block)
     bool          tied        = false;  // routed: logits of 5 values, so the 8 chosen tie (lower expert first)
-    glu_tags      tags        = glu_tags::none;
 };
 
 bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
@@ -663,34 +654,6 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
         route_reference<<<1, 1>>>(d_logits, gc.n_experts, n_used, kClamp, kScale, d_ids, d_ref_weights);
         CHECK(cudaDeviceSynchronize());
         ids = download(d_ids, n_used);
-    }
-    // Tagged logits: the epoch word (padded to 16 bytes), then the slots: (tag << 32 | value bits).
-    unsigned * d_tag_words = nullptr;
-    float *    d_router_w = nullptr, *d_onehot = nullptr;
-    const int  router_k   = 256;
-    if (gc.tags != glu_tags::none) {
-        const uint32_t epoch = 0xffffffffu;  // the router's next tag wraps to 0
-        std::vector<uint32_t> words(4 + 2 * FRT_GEMV_MAX_TAGGED, kPoison);
-        words[0] = gc.tags == glu_tags::from_router ? 0x12345678u : epoch;  // the router publishes its own
-        for (int e = 0; e < FRT_GEMV_MAX_TAGGED; ++e) {
-            const float v = e >= gc.n_experts ? 0.0f : gc.tags == glu_tags::stale ? -logits[e] : logits[e];
-            std::memcpy(&words[4 + 2 * e], &v, 4);
-            if (gc.tags == glu_tags::from_router && e < gc.n_experts) {
-                words[4 + 2 * e] = kPoison;  // the router's values replace it
-            }
-            words[4 + 2 * e + 1] = gc.tags == glu_tags::untagged ? epoch - 1 : epoch;
-        }
-        d_tag_words = upload(words);
-    }
-    if (gc.tags == glu_tags::from_router) {
-        std::vector<float> w((size_t) gc.n_experts * router_k, 0.0f), onehot(router_k, 0.0f);
-        for (int e = 0; e < gc.n_experts; ++e) {
-            w[(size_t) e * router_k] = logits[e];
-        }
-        onehot[0]  = 1.0f;
-        d_router_w = upload(w);
-        d_onehot   = upload(onehot);
-        CHECK(cudaMemset(d_logits, 0xff, (size_t) gc.n_experts * sizeof(float)));  // NaN until the router
     }
     struct pair {
         int       rows, slots, matrices;
@@ -763,31 +726,6 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
             a.route_scale     = kScale;
             a.route_ids       = d_route_ids;
             a.route_weights   = d_route_weights;
-            if (gc.tags != glu_tags::none) {
-                a.tagged_logits.epoch = d_tag_words;
-                a.tagged_logits.slots = (unsigned long long *) (d_tag_words + 4);
-            }
-            if (gc.tags == glu_tags::from_router) {
-                frt_gemv_args r{};
-                r.x                   = d_onehot;
-                r.x_stride            = router_k;
-                r.k                   = router_k;
-                r.tokens              = 1;
-                r.x_per_token         = 1;
-                r.n_segments          = 1;
-                r.seg[0].type         = FRT_GEMV_F32;
-                r.seg[0].w            = d_router_w;
-                r.seg[0].rows         = gc.n_experts;
-                r.seg[0].row_stride   = router_k * (int64_t) sizeof(float);
-                r.seg[0].out          = d_logits;
-                r.tagged_logits       = a.tagged_logits;
-                r.tagged_logits.seg   = 0;
-                if (const char * why = frt_gemv_unsupported(r, FRT_GEMV_KERNEL_EXACT)) {
-                    std::printf("     %s: the tagging router refused: %s\n", gc.name.c_str(), why);
-                    return false;
-                }
-                CHECK(frt_gemv(r, 0, FRT_GEMV_KERNEL_EXACT));
-            }
             // The selected experts' gate matrices prefetched as another launch's would be (an L2
             // hint: the sums must not move).
             for (const pair & p : pairs) {
@@ -837,32 +775,6 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
             }
         }
     }
-    if (gc.tags == glu_tags::from_router) {
-        // The router's logits as the case's, its tagged copies with the tag after the slots' old
-        // one (0xffffffff + 1 = 0), published in the epoch word; the slots past its rows untouched.
-        CHECK(cudaDeviceSynchronize());
-        const std::vector<uint32_t> got_logits = download((const uint32_t *) d_logits, gc.n_experts);
-        const std::vector<uint32_t> words      = download(d_tag_words, 4 + 2 * FRT_GEMV_MAX_TAGGED);
-        for (int e = 0; e < FRT_GEMV_MAX_TAGGED; ++e) {
-            uint32_t want_bits = 0;
-            if (e < gc.n_experts) {
-                std::memcpy(&want_bits, &logits[e], 4);
-            }
-            const uint32_t want_tag = e < gc.n_experts ? 0u : 0xffffffffu;
-            const bool     good     = (e >= gc.n_experts || got_logits[e] == want_bits) &&
-                              words[4 + 2 * e] == want_bits && words[4 + 2 * e + 1] == want_tag;
-            ++checked;
-            if (!good && bad++ < 5) {
-                std::printf("     %s tagged slot %d: %08x tag %u (logit %08x), want %08x tag %u\n", gc.name.c_str(), e,
-                            words[4 + 2 * e], words[4 + 2 * e + 1], e < gc.n_experts ? got_logits[e] : 0u, want_bits,
-                            want_tag);
-            }
-        }
-        ++checked;
-        if (words[0] != 0u && bad++ < 5) {
-            std::printf("     %s epoch word %u, want 0\n", gc.name.c_str(), words[0]);
-        }
-    }
     for (const pair & p : pairs) {
         const size_t n = (size_t) p.slots * (p.rows + 3);
         float *      d_want = nullptr;
@@ -895,7 +807,7 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
     CHECK(cudaFree(d_x));
     CHECK(cudaFree(d_norm));
     for (void * m : { (void *) d_ids, (void *) d_logits, (void *) d_route_ids, (void *) d_route_weights,
-                      (void *) d_ref_weights, (void *) d_tag_words, (void *) d_router_w, (void *) d_onehot }) {
+                      (void *) d_ref_weights }) {
         if (m != nullptr) {
             CHECK(cudaFree(m));
         }
@@ -1783,19 +1695,6 @@ bool run_refusals() {
         { "a guess without experts (exact)", [](frt_gemv_args & a) { a.guess_logits = a.x; },
           FRT_GEMV_KERNEL_EXACT },
         { "a guess on the register kernel", [](frt_gemv_args & a) { a.guess_logits = a.x; } },
-        { "tagged logits from Q4_K rows (exact)", [](frt_gemv_args & a) {
-              a.tagged_logits.slots = (unsigned long long *) a.seg[0].out;
-              a.tagged_logits.epoch = (unsigned *) a.seg[0].out;
-              a.tagged_logits.seg   = 0;
-          }, FRT_GEMV_KERNEL_EXACT },
-        { "tagged logits read without routing (exact)", [](frt_gemv_args & a) {
-              a.tagged_logits.slots = (unsigned long long *) a.seg[0].out;
-              a.tagged_logits.epoch = (unsigned *) a.seg[0].out;
-          }, FRT_GEMV_KERNEL_EXACT },
-        { "tagged logits on the register kernel", [](frt_gemv_args & a) {
-              a.tagged_logits.slots = (unsigned long long *) a.seg[0].out;
-              a.tagged_logits.epoch = (unsigned *) a.seg[0].out;
-          } },
         { "a prefetch on the register kernel", [](frt_gemv_args & a) {
               a.prefetch.n        = 1;
               a.prefetch.ptr[0]   = a.x;
@@ -2035,14 +1934,6 @@ int main(int argc, char ** argv) {
         { "SWIGLU routed 8 of 256 + shared", FRT_GEMV_Q4_K, 2048, 128, 256, true, true, true },
         { "SWIGLU routed 8 of 64, dense first", FRT_GEMV_Q4_K, 1024, 96, 64, true, false, true, true },
         { "SWIGLU routed 8 of 256, tied logits", FRT_GEMV_Q4_K, 2048, 128, 256, true, true, true, false, true },
-        // Routed from tagged logits (glu_tags): the outputs, ids and weights as without them.
-        { "SWIGLU routed, tags current", FRT_GEMV_Q4_K, 2048, 128, 256, true, true, true, false, false, glu_tags::current },
-        { "SWIGLU routed, tags stale", FRT_GEMV_Q4_K, 2048, 128, 256, true, true, true, false, false, glu_tags::stale },
-        { "SWIGLU routed, tags absent", FRT_GEMV_Q4_K, 1024, 96, 64, true, false, true, true, false, glu_tags::untagged },
-        { "SWIGLU routed, tags by a router", FRT_GEMV_Q4_K, 2048, 128, 256, true, true, true, false, false,
-          glu_tags::from_router },
-        { "SWIGLU routed 8 of 32, tied, tags", FRT_GEMV_Q4_K, 1024, 64, 32, true, false, true, false, true,
-          glu_tags::from_router },
     };
     for (const glu_case & gc : glu_cases) {
         failed += run_glu_case(gc, rng) ? 0 : 1;
