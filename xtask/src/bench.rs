@@ -408,7 +408,7 @@ struct BenchResult {
 }
 
 /// The overlay's switches among `vars` (an environment), sorted.
-fn overlay_switches(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+pub fn overlay_switches(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = vars
         .into_iter()
         .filter(|(k, _)| {

@@ -56,8 +56,10 @@ with the reason (xtask/src/profile/weights.rs documents the mapping). The GEMV w
 the traced overlay runs write (GGML_FLASHRT_LAUNCH_LOG): the k-th such kernel of a step is the \
 k-th launch of the capture it replays (xtask/src/profile/launch_log.rs).
 
-Writes bench/results/<date>-<commit>-<gpu>-profile[-no-NAME]/profile.md, profile.json and \
-profile.svg (µs per family, one bar per setting). --save-traces DIR keeps the traces and the \
+Writes bench/results/<date>-<commit>-<gpu>-profile[-no-NAME][-SWITCH_VALUE...]/profile.md, \
+profile.json and profile.svg (µs per family, one bar per setting); the overlay's switches set in \
+the environment (FRT_*, GGML_FLASHRT_*, GGML_CUDA_FLASHRT_*) apply to every run, name the \
+directory and head profile.md, so that a run under other switches keeps the default's results. --save-traces DIR keeps the traces and the \
 run's other inputs; --from-traces DIR analyses them again anywhere, without a GPU.")]
 pub struct ProfileArgs {
     #[command(flatten)]
@@ -134,6 +136,10 @@ pub struct Inputs {
     pub bandwidth: Bandwidth,
     pub tensors: Vec<weights::WeightTensor>,
     pub window_off: Option<String>,
+    /// The overlay's switches in the environment when traced (`FRT_*`, `GGML_FLASHRT_*`,
+    /// `GGML_CUDA_FLASHRT_*`): every run inherits them, so they name the results.
+    #[serde(default)]
+    pub switches: Vec<(String, String)>,
     pub settings: Vec<SettingRun>,
 }
 
@@ -201,10 +207,12 @@ fn settings(window_off: Option<&str>) -> Vec<(String, Vec<(String, String)>)> {
     out
 }
 
-/// The results directory's name tags.
-fn tags(window_off: Option<&str>) -> Vec<String> {
+/// The results directory's name tags: a run under other switches must not overwrite the
+/// default's results of the same day and commit.
+fn tags(window_off: Option<&str>, switches: &[(String, String)]) -> Vec<String> {
     let mut tags = vec!["profile".to_owned()];
     tags.extend(window_off.map(|name| format!("no-{name}")));
+    tags.extend(switches.iter().map(|(k, v)| format!("{k}={v}")));
     tags
 }
 
@@ -312,7 +320,7 @@ pub fn run(sh: &Shell, project: &Project, args: ProfileArgs) -> Result<()> {
         &inputs.date,
         &inputs.commit,
         &inputs.gpu,
-        &tags(inputs.window_off.as_deref()),
+        &tags(inputs.window_off.as_deref(), &inputs.switches),
     ));
     let markdown = report::markdown(&profile);
     write_atomic(&out.join("profile.md"), markdown.as_bytes())?;
@@ -468,6 +476,7 @@ fn measure(
         bandwidth,
         tensors: weights::weight_tensors(&header),
         window_off: args.window_off.clone(),
+        switches: bench::overlay_switches(std::env::vars()),
         settings: runs,
     };
     if args.save_traces.is_some() {
@@ -730,7 +739,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            bench::result_stem("2026-11-30", "abc1234", "NVIDIA H200", &tags(None)),
+            bench::result_stem("2026-11-30", "abc1234", "NVIDIA H200", &tags(None, &[])),
             "2026-11-30-abc1234-nvidia-h200-profile"
         );
         assert_eq!(
@@ -738,9 +747,19 @@ mod tests {
                 "2026-11-30",
                 "abc1234",
                 "NVIDIA H200",
-                &tags(Some("SHEXP_GATE"))
+                &tags(Some("SHEXP_GATE"), &[])
             ),
             "2026-11-30-abc1234-nvidia-h200-profile-no-SHEXP_GATE"
+        );
+        let switched = [("GGML_FLASHRT_ROUTE_X".to_owned(), "0".to_owned())];
+        assert_eq!(
+            bench::result_stem(
+                "2026-11-30",
+                "abc1234",
+                "NVIDIA H200",
+                &tags(None, &switched)
+            ),
+            "2026-11-30-abc1234-nvidia-h200-profile-GGML_FLASHRT_ROUTE_X_0"
         );
     }
 
@@ -829,6 +848,7 @@ mod tests {
             },
             tensors: Vec::new(),
             window_off: None,
+            switches: vec![("GGML_FLASHRT_X".into(), "1".into())],
             settings: vec![run("stock"), run("overlay")],
         };
         let text = serde_json::to_string(&inputs).unwrap();
@@ -855,6 +875,15 @@ mod tests {
         assert_eq!(stock.period_us, Some(5.0));
         assert_eq!(stock.families[0].family, "foo");
         assert_eq!(profile.settings[1].name, "overlay");
+        assert_eq!(
+            profile.switches,
+            [("GGML_FLASHRT_X".to_owned(), "1".to_owned())]
+        );
+        // Traces saved before the switches were recorded read back without them.
+        let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+        old.as_object_mut().unwrap().remove("switches");
+        let old: Inputs = serde_json::from_value(old).unwrap();
+        assert!(old.switches.is_empty());
         // The timeline: the one launch of a step, medians over the two steady steps.
         assert_eq!(stock.timeline.len(), 1);
         let row = &stock.timeline[0];

@@ -21,6 +21,8 @@ pub struct Profile {
     pub gpu: String,
     pub model: String,
     pub command: String,
+    /// The overlay's switches in the environment of every run (profile.rs's `Inputs::switches`).
+    pub switches: Vec<(String, String)>,
     /// Tokens decoded per llama-bench run.
     pub tokens: u32,
     /// Weights read per decoded token, from the GGUF header.
@@ -451,6 +453,7 @@ pub fn analyse(
         gpu: inputs.gpu.clone(),
         model: inputs.model.clone(),
         command: inputs.command.clone(),
+        switches: inputs.switches.clone(),
         tokens: inputs.tokens,
         bytes_per_token: inputs.bytes_per_token,
         bandwidth: inputs.bandwidth.clone(),
@@ -533,6 +536,18 @@ pub fn markdown(p: &Profile) -> String {
         p.bytes_per_token / 1e9,
         p.command
     );
+    if !p.switches.is_empty() {
+        let list: Vec<String> = p
+            .switches
+            .iter()
+            .map(|(k, v)| format!("`{k}={v}`"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "Switches in the environment of every run: {}\n",
+            list.join(", ")
+        );
+    }
     let _ = writeln!(out, "![µs per step by kernel family](profile.svg)\n");
 
     out.push_str("## Per decode step\n\n");
@@ -1344,6 +1359,7 @@ mod tests {
             gpu: "NVIDIA H200".into(),
             model: "/m/qwen36 <a&b>.gguf".into(),
             command: "cargo xtask profile".into(),
+            switches: vec![("GGML_FLASHRT_X".into(), "0".into())],
             tokens: 64,
             bytes_per_token: 1.967e9,
             bandwidth: Bandwidth {
@@ -1363,6 +1379,10 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("floor 492 µs"), "{md}");
+        assert!(
+            md.contains("Switches in the environment of every run: `GGML_FLASHRT_X=0`\n"),
+            "{md}"
+        );
         assert!(
             md.contains("| tok/s without tracing | 245.0 | 245.0 |"),
             "{md}"
