@@ -22,7 +22,8 @@
 // pass, launches, copies) and prints a markdown table last.
 //
 // Usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] [--stream-mib 120]
-//                  [--graph-ms 2] [--impls frt,frt-regs,frt-bulk,frt-exact,frt-head] [--between] [--list]
+//                  [--graph-ms 2] [--impls frt,frt-regs,frt-bulk,frt-exact,frt-head] [--between | --after NAME]
+//                  [--list]
 //   --impls: which kernels to time (default frt, frt-bulk, frt-exact; frt: what frt_gemv picks,
 //     frt-regs: the register kernel, frt-head: the head kernel where it applies)
 //   --graph-ms: the least work a graph holds (launches = max(copies, 32 for experts, this / floor))
@@ -33,6 +34,13 @@
 //     kernel only if its blocks can be resident beside it; back to back with itself it cannot
 //     tell. us_median is then the pair's time less the small kernel's alone (between_us in the
 //     JSON), the GEMV's cost in a decode-like sequence.
+//   --after NAME: each launch preceded by a launch of shape NAME (same kernel, same tokens), as in
+//     decode, where most GEMVs follow another one that fills every SM (two blocks of 512 threads
+//     an SM take all the registers): the timed launch's blocks become resident only as the other's
+//     leave, so what it stages before its wait has less time to land than back to back with
+//     itself, where its predecessor is its own launch. us_median is then the pair's time less
+//     NAME's alone (after_us in the JSON). E.g. --shapes ffn_gate_inp --after ssm_out: the router
+//     after the GDN output projection.
 // Build (device; bench/device/gemv.sh does this and runs it):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu vendor/csrc/*.cu -o gemv-bench
 
@@ -49,6 +57,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -151,6 +160,7 @@ struct result {
     int64_t            bytes;
     double             us_median, us_min, us_max;
     double             between_us = 0.0;  // --between: the small kernel's time alone, taken off the above
+    double             after_us   = 0.0;  // --after: the preceding shape's launch alone, taken off the above
 };
 
 // What is timed: frt_gemv launching `args` on a stream.
@@ -277,51 +287,72 @@ __global__ void between_kernel(const float * src, float * x, int n) {
     }
 }
 
-// Checks (when `checked`) and times `launch` at (shape, tokens). `who` names it in messages.
-// between: --between (a small kernel after each launch; the result is the GEMV's share).
-result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int replays, double graph_ms,
-                 std::mt19937_64 & rng, cudaStream_t stream, const launcher & launch, bool checked,
-                 const std::string & who, bool between = false) {
-    const int k = s.k;
-    // Inputs: one vector a token (a slot for down projections), the norm weight.
-    const int     n_vec    = tokens * (s.x_per_slot ? kUsed : 1);
-    const int64_t x_stride = k;
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float>              x((size_t) n_vec * k), norm(k);
-    for (float & v : x) {
-        v = normal(rng);
-    }
-    for (float & v : norm) {
-        v = 0.5f + (float) (rng() % 1000) / 1000.0f;
-    }
-    float * d_x    = to_device(x);
-    float * d_norm = to_device(norm);
-    int64_t bytes  = 0;
-    for (size_t si = 0; si < s.segs.size(); ++si) {
-        const seg_spec & sp = s.segs[si];
-        bytes += (int64_t) sp.rows * gemv_ref::gguf_row_bytes(sp.type, k) * (sp.experts ? kUsed * tokens : 1);
-        sw.segs[si].n_out = sp.experts ? tokens * kUsed : tokens;
-        CHECK(cudaMalloc(&sw.segs[si].out, (size_t) sw.segs[si].n_out * sp.rows * sizeof(float)));
-    }
-    const int copies = sw.copies;
+// The inputs of one (shape, tokens), on the device: one vector a token (a slot for down
+// projections), the norm weight, the outputs (in the shape's weights), and 32 expert selections
+// (launch i takes selection i % 32, 8 distinct experts a token, no expert shared by two tokens or by
+// neighbouring launches). args_for(i): launch i's arguments (weight copy i % copies).
+struct shape_inputs {
+    const shape_spec &   s;
+    shape_weights &      sw;
+    int                  tokens, n_vec;
+    int64_t              x_stride, bytes = 0;
+    std::vector<float>   x, norm;
+    std::vector<int32_t> ids;
+    float *              d_x = nullptr, *d_norm = nullptr;
+    int32_t *            d_ids = nullptr;
 
-    // Expert selections: launch i takes selection i % 32, 8 distinct experts a token, no expert
-    // shared by two tokens or by neighbouring launches.
-    std::vector<int32_t> ids((size_t) kSelections * tokens * kUsed);
-    for (int sel = 0; sel < kSelections; ++sel) {
-        for (int t = 0; t < tokens; ++t) {
-            for (int j = 0; j < kUsed; ++j) {
-                ids[((size_t) sel * tokens + t) * kUsed + j] = (kUsed * (sel * tokens + t) + j) % kExperts;
+    shape_inputs(const shape_spec & shape, shape_weights & weights, int n_tokens, std::mt19937_64 & rng) :
+        s(shape),
+        sw(weights),
+        tokens(n_tokens),
+        n_vec(n_tokens * (shape.x_per_slot ? kUsed : 1)),
+        x_stride(shape.k) {
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        x.resize((size_t) n_vec * s.k);
+        norm.resize(s.k);
+        for (float & v : x) {
+            v = normal(rng);
+        }
+        for (float & v : norm) {
+            v = 0.5f + (float) (rng() % 1000) / 1000.0f;
+        }
+        d_x    = to_device(x);
+        d_norm = to_device(norm);
+        for (size_t si = 0; si < s.segs.size(); ++si) {
+            const seg_spec & sp = s.segs[si];
+            bytes += (int64_t) sp.rows * gemv_ref::gguf_row_bytes(sp.type, s.k) * (sp.experts ? kUsed * tokens : 1);
+            sw.segs[si].n_out = sp.experts ? tokens * kUsed : tokens;
+            CHECK(cudaMalloc(&sw.segs[si].out, (size_t) sw.segs[si].n_out * sp.rows * sizeof(float)));
+        }
+        ids.resize((size_t) kSelections * tokens * kUsed);
+        for (int sel = 0; sel < kSelections; ++sel) {
+            for (int t = 0; t < tokens; ++t) {
+                for (int j = 0; j < kUsed; ++j) {
+                    ids[((size_t) sel * tokens + t) * kUsed + j] = (kUsed * (sel * tokens + t) + j) % kExperts;
+                }
             }
         }
+        d_ids = to_device(ids);
     }
-    int32_t * d_ids = to_device(ids);
 
-    auto args_for = [&](int launch_index) {
+    shape_inputs(const shape_inputs &)             = delete;
+    shape_inputs & operator=(const shape_inputs &) = delete;
+
+    ~shape_inputs() {
+        for (seg_data & d : sw.segs) {
+            CHECK(cudaFree(d.out));
+            d.out = nullptr;
+        }
+        CHECK(cudaFree(d_x));
+        CHECK(cudaFree(d_norm));
+        CHECK(cudaFree(d_ids));
+    }
+
+    frt_gemv_args args_for(int launch_index) const {
         frt_gemv_args a{};
         a.x           = d_x;
         a.x_stride    = x_stride;
-        a.k           = k;
+        a.k           = s.k;
         a.tokens      = tokens;
         a.x_per_token = s.x_per_slot ? kUsed : 1;
         a.norm        = s.norm ? d_norm : nullptr;
@@ -332,7 +363,7 @@ result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int repla
             const seg_data &   d  = sw.segs[si];
             frt_gemv_segment & g  = a.seg[si];
             g.type                = d.type;
-            g.w                   = d.copies[sp.experts ? 0 : launch_index % copies];
+            g.w                   = d.copies[sp.experts ? 0 : launch_index % sw.copies];
             g.rows                = sp.rows;
             g.row_stride          = d.row_stride;
             g.out                 = d.out;
@@ -346,46 +377,73 @@ result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int repla
             }
         }
         return a;
-    };
-    if (const char * why = frt_gemv_unsupported(args_for(0))) {
+    }
+};
+
+// --after: the preceding shape's inputs and how it is launched.
+struct preceding {
+    const shape_inputs & in;
+    launcher             launch;
+};
+
+// Checks (when `checked`) and times `launch` at (shape, tokens). `who` names it in messages.
+// between: --between (a small kernel after each launch; the result is the GEMV's share). after:
+// --after (each launch preceded by one of that shape's; the result is the timed one's share).
+result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int replays, double graph_ms,
+                 std::mt19937_64 & rng, cudaStream_t stream, const launcher & launch, bool checked,
+                 const std::string & who, bool between = false, const preceding * after = nullptr) {
+    const shape_inputs in(s, sw, tokens, rng);
+    if (const char * why = frt_gemv_unsupported(in.args_for(0))) {
         fail(std::string(s.name) + ": " + why);
     }
+    if (after != nullptr) {
+        if (const char * why = frt_gemv_unsupported(after->in.args_for(0))) {
+            fail(std::string("--after ") + after->in.s.name + ": " + why);
+        }
+    }
     if (checked) {
-        check_launch(s, args_for(0), sw.segs, tokens, x, x_stride, norm,
-                     std::vector<int32_t>(ids.begin(), ids.begin() + tokens * kUsed), launch, who);
+        check_launch(s, in.args_for(0), sw.segs, tokens, in.x, in.x_stride, in.norm,
+                     std::vector<int32_t>(in.ids.begin(), in.ids.begin() + tokens * kUsed), launch, who);
     } else {
         // One launch outside the capture all the same: module loading, attributes, launch errors.
-        CHECK(launch(args_for(0), 0));
+        CHECK(launch(in.args_for(0), 0));
+        CHECK(cudaDeviceSynchronize());
+    }
+    if (after != nullptr) {  // the same for the preceding shape's launch
+        CHECK(after->launch(after->in.args_for(0), 0));
         CHECK(cudaDeviceSynchronize());
     }
 
     // The graph: enough launches to cycle through every copy and selection, and graph_ms of work.
-    const double est_us   = std::max(2.0, bytes / (kReadTbps * 1e6));
+    const int    copies   = sw.copies;
+    const double est_us   = std::max(2.0, in.bytes / (kReadTbps * 1e6));
     const int    launches = std::max({ copies, s.segs[0].experts ? kSelections : 1, (int) (1000.0 * graph_ms / est_us) });
-    float *      d_x_src  = between ? to_device(x) : nullptr;
+    float *      d_x_src  = between ? to_device(in.x) : nullptr;
     const auto   add_between = [&](cudaStream_t st) {
-        CHECK(frt_launch(between_kernel, dim3(1), dim3(1024), 0, st, (const float *) d_x_src, d_x, n_vec * k));
+        CHECK(frt_launch(between_kernel, dim3(1), dim3(1024), 0, st, (const float *) d_x_src, in.d_x, in.n_vec * s.k));
     };
     timing       tm       = time_graph(launches, replays, stream, [&](int i, cudaStream_t st) {
-        CHECK(launch(args_for(i), st));
+        if (after != nullptr) {
+            CHECK(after->launch(after->in.args_for(i), st));
+        }
+        CHECK(launch(in.args_for(i), st));
         if (between) {
             add_between(st);
         }
     });
-    double between_us = 0.0;
+    double between_us = 0.0, after_us = 0.0;
     if (between) {
         between_us = time_graph(launches, replays, stream, [&](int, cudaStream_t st) { add_between(st); }).median;
         tm         = { tm.median - between_us, tm.least - between_us, tm.most - between_us };
         CHECK(cudaFree(d_x_src));
     }
-    for (seg_data & d : sw.segs) {
-        CHECK(cudaFree(d.out));
-        d.out = nullptr;
+    if (after != nullptr) {
+        after_us = time_graph(launches, replays, stream, [&](int i, cudaStream_t st) {
+                       CHECK(after->launch(after->in.args_for(i), st));
+                   }).median;
+        tm       = { tm.median - after_us, tm.least - after_us, tm.most - after_us };
     }
-    CHECK(cudaFree(d_x));
-    CHECK(cudaFree(d_norm));
-    CHECK(cudaFree(d_ids));
-    return { "", &s, tokens, launches, copies, bytes, tm.median, tm.least, tm.most, between_us };
+    return { "", &s, tokens, launches, copies, in.bytes, tm.median, tm.least, tm.most, between_us, after_us };
 }
 
 std::string type_label(const shape_spec & s) {
@@ -412,13 +470,14 @@ int out_rows(const shape_spec & s) {
 int main(int argc, char ** argv) {
     if (argc < 2 || argv[1][0] == '-') {
         std::fprintf(stderr, "usage: gemv-bench OUT.jsonl [--shapes a,b] [--tokens 1,2,4] [--replays 30] "
-                             "[--stream-mib 120] [--graph-ms 2] [--impls a,b] [--between] [--list]\n");
+                             "[--stream-mib 120] [--graph-ms 2] [--impls a,b] [--between | --after NAME] [--list]\n");
         return 2;
     }
     const std::string        out_path = argv[1];
     std::vector<std::string> only, impls{ "frt", "frt-bulk", "frt-exact" };
     std::vector<int>         tokens;
     bool                     between = false;
+    std::string              after_name;  // --after
     int                      replays    = 30;
     double                   stream_mib = 120.0, graph_ms = 2.0;
     for (int i = 2; i < argc; ++i) {
@@ -452,6 +511,8 @@ int main(int argc, char ** argv) {
             }
         } else if (arg == "--between") {
             between = true;
+        } else if (arg == "--after") {
+            after_name = value();
         } else if (arg == "--list") {
             for (const shape_spec & s : shapes()) {
                 std::printf("%-22s %-10s %5d -> %6d  %s\n", s.name, type_label(s).c_str(), s.k, out_rows(s), s.what);
@@ -464,6 +525,24 @@ int main(int argc, char ** argv) {
     for (const std::string & name : only) {
         if (std::none_of(shapes().begin(), shapes().end(), [&](const shape_spec & s) { return name == s.name; })) {
             fail("--shapes: no shape " + name + " (--list shows them)");
+        }
+    }
+    const auto shape_named = [](const std::string & name) -> const shape_spec * {
+        for (const shape_spec & s : shapes()) {
+            if (name == s.name) {
+                return &s;
+            }
+        }
+        return nullptr;
+    };
+    const shape_spec * after_shape = nullptr;
+    if (!after_name.empty()) {
+        after_shape = shape_named(after_name);
+        if (after_shape == nullptr) {
+            fail("--after: no shape " + after_name + " (--list shows them)");
+        }
+        if (between) {
+            fail("--after and --between: one kernel before or after each launch, not both");
         }
     }
     if (tokens.empty()) {
@@ -483,6 +562,11 @@ int main(int argc, char ** argv) {
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     std::mt19937_64 rng(1);
+    // --after's weights, made once (its own copies, apart from a timed shape's of the same name).
+    shape_weights after_weights;
+    if (after_shape != nullptr) {
+        after_weights = make_weights(*after_shape, stream_mib, rng, stream);
+    }
 
     std::vector<result> results;
     for (const shape_spec & s : shapes()) {
@@ -514,11 +598,24 @@ int main(int argc, char ** argv) {
                 if (std::find(impls.begin(), impls.end(), impl) == impls.end()) {
                     continue;
                 }
-                result            r    = run_shape(
+                // --after: the preceding shape on the same kernel where it takes it, else on what
+                // frt_gemv picks.
+                std::unique_ptr<shape_inputs> after_inputs;
+                std::unique_ptr<preceding>    after;
+                if (after_shape != nullptr) {
+                    after_inputs = std::make_unique<shape_inputs>(*after_shape, after_weights, t, rng);
+                    const frt_gemv_kernel after_kernel =
+                        frt_gemv_unsupported(after_inputs->args_for(0), kernel) == nullptr ? kernel : FRT_GEMV_KERNEL_AUTO;
+                    after = std::make_unique<preceding>(preceding{
+                        *after_inputs, [after_kernel](const frt_gemv_args & a, cudaStream_t st) {
+                            return frt_gemv(a, st, after_kernel);
+                        } });
+                }
+                result r = run_shape(
                     s, weights, t, replays, graph_ms, rng, stream,
                     [kernel](const frt_gemv_args & a, cudaStream_t st) { return frt_gemv(a, st, kernel); },
                     std::getenv("FRT_GEMV_BULK_LAB") == nullptr,  // lab settings skip work: nothing to check
-                    "frt_gemv (" + impl + ")", between);
+                    "frt_gemv (" + impl + ")", between, after.get());
                 r.impl                 = impl;
                 const double floor_us  = r.bytes / (kReadTbps * 1e6);
                 const double budget_us = r.bytes / (0.7 * kReadTbps * 1e6) + 1.5;
@@ -526,11 +623,11 @@ int main(int argc, char ** argv) {
                              "{\"impl\":\"%s\",\"shape\":\"%s\",\"out\":%d,\"in\":%d,\"type\":\"%s\",\"tokens\":%d,"
                              "\"experts\":%d,\"bytes\":%" PRId64 ",\"us_median\":%.3f,\"us_min\":%.3f,\"us_max\":%.3f,"
                              "\"floor_us\":%.3f,\"budget_us\":%.3f,\"tbps\":%.3f,\"pass\":%s,\"launches\":%d,"
-                             "\"copies\":%d,\"between_us\":%.3f}\n",
+                             "\"copies\":%d,\"between_us\":%.3f,\"after\":\"%s\",\"after_us\":%.3f}\n",
                              impl.c_str(), s.name, out_rows(s), s.k, type_label(s).c_str(), t,
                              s.segs[0].experts ? kUsed : 1, r.bytes, r.us_median, r.us_min, r.us_max, floor_us,
                              budget_us, r.bytes / r.us_median / 1e6, r.us_median <= budget_us ? "true" : "false",
-                             r.launches, r.copies, r.between_us);
+                             r.launches, r.copies, r.between_us, after_name.c_str(), r.after_us);
                 std::fflush(out);
                 std::fprintf(stderr, "gemv-bench: %s %s, %d tokens: %.2f us\n", impl.c_str(), s.name, t, r.us_median);
                 results.push_back(r);
@@ -538,12 +635,20 @@ int main(int argc, char ** argv) {
         }
         CHECK(cudaFree(weights.pool));
     }
+    if (after_shape != nullptr) {
+        CHECK(cudaFree(after_weights.pool));
+    }
     std::fclose(out);
 
+    const std::string after_note =
+        after_shape == nullptr ? ""
+                               : "; --after " + after_name + ": each launch preceded by one of " + after_name +
+                                     ", whose time alone is taken off";
     std::printf("%s, frt_gemv from CUDA graphs, median of %d replays; floor = bytes / %.2f TB/s, "
-                "budget = bytes / (0.7 x %.2f TB/s) + 1.5 us%s\n\n",
+                "budget = bytes / (0.7 x %.2f TB/s) + 1.5 us%s%s\n\n",
                 prop.name, replays, kReadTbps, kReadTbps,
-                between ? "; --between: each launch followed by a small PDL kernel, whose time alone is taken off" : "");
+                between ? "; --between: each launch followed by a small PDL kernel, whose time alone is taken off" : "",
+                after_note.c_str());
     std::printf("| shape | impl | tokens | out x in | type | MB | us | min-max | floor us | budget us | TB/s | pass |\n");
     std::printf("|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---|\n");
     int failed = 0;
