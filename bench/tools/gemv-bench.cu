@@ -40,7 +40,8 @@
 //     leave, so what it stages before its wait has less time to land than back to back with
 //     itself, where its predecessor is its own launch. us_median is then the pair's time less
 //     NAME's alone (after_us in the JSON). E.g. --shapes ffn_gate_inp --after ssm_out: the router
-//     after the GDN output projection.
+//     after the GDN output projection. Unlike decode, the timed launch's input is not what NAME
+//     wrote: it waits for NAME's end all the same, but reads an x that stayed in L2.
 // Build (device; bench/device/gemv.sh does this and runs it):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu vendor/csrc/*.cu -o gemv-bench
 
