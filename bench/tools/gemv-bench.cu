@@ -108,6 +108,8 @@ const std::vector<shape_spec> & shapes() {
           { { Q4, 8192 }, { Q4, 4096 }, { Q8, 32, false, true }, { Q8, 32, false, true } }, true },
         { "attn_qkv_pack", "RMS norm + q + k + v (v GGUF), one launch", 2048,
           { { Q4, 8192 }, { Q4, 512 }, { Q6, 512, false, true } }, true },
+        { "router_pack", "RMS norm + router + shared-expert gate, one launch (ROUTER)", 2048,
+          { { F32, 256 }, { F32, 1 } }, true },
     };
     return all;
 }

@@ -3,6 +3,7 @@
 // in gemv-exact-impl.cuh.
 
 #include "gemv-exact-impl.cuh"
+#include "router-f32.cuh"
 #include "env-switch.cuh"
 
 #include <algorithm>
@@ -46,6 +47,40 @@ int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf)
 static bool exact_evict_first() {
     static const bool evict_first = frt_env_flag("GGML_FLASHRT_EXACT_EVICT_FIRST", true);
     return evict_first;
+}
+
+// Experiment: GGML_FLASHRT_ROUTER_F32=1 runs a launch of an input norm and F32 rows only (the
+// ROUTER window's: the router and the shared expert's gate vector) on frt_router_f32, one row a
+// block with the rows in registers before the wait (router-f32.cuh), the same bits.
+static bool exact_router_f32() {
+    static const bool on = frt_env_flag("GGML_FLASHRT_ROUTER_F32", false);
+    return on;
+}
+
+// The launch as frt_router_f32's arguments, when it is one that kernel computes alike: one token,
+// a norm, dense F32 rows stored plainly, nothing else asked of the exact kernel.
+static bool exact_as_router_f32(const frt_gemv_args & a, frt_router_f32_args & r) {
+    if (a.tokens != 1 || a.x_per_token != 1 || a.norm == nullptr || a.x_q8 != nullptr || a.route_logits != nullptr ||
+        a.guess_logits != nullptr || a.tail.out != nullptr || a.prefetch.n != 0 || a.prefetch.experts != nullptr ||
+        a.n_segments > FRT_ROUTER_F32_MAX_SEGMENTS) {
+        return false;
+    }
+    r          = {};
+    r.x        = a.x;
+    r.norm     = a.norm;
+    r.eps      = a.eps;
+    r.k        = a.k;
+    r.x_normed = a.x_normed;
+    r.n_segments = a.n_segments;
+    for (int i = 0; i < a.n_segments; ++i) {
+        const frt_gemv_segment & s = a.seg[i];
+        if (s.type != FRT_GEMV_F32 || s.ids != nullptr || s.epilogue != FRT_GEMV_STORE || s.x != nullptr ||
+            s.row_stride % 16 != 0) {
+            return false;
+        }
+        r.seg[i] = { (const float *) s.w, s.rows, s.row_stride / (int64_t) sizeof(float), s.out };
+    }
+    return frt_router_f32_unsupported(r) == nullptr;
 }
 
 // frt_gemv_trace's ring (one a process).
@@ -133,6 +168,18 @@ static cudaError_t exact_launch_glu(bool glu, int device, int blocks, int smem, 
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
+    if (exact_router_f32()) {
+        frt_router_f32_args r;
+        bool                tracing;
+        {
+            exact_trace_ring &          ring = trace_ring();
+            std::lock_guard<std::mutex> lock(ring.mutex);
+            tracing = ring.records != nullptr;
+        }
+        if (!tracing && exact_as_router_f32(a, r)) {
+            return frt_router_f32(r, stream);
+        }
+    }
     int         device = 0;
     gemv_device dev;
     cudaError_t err = cudaGetDevice(&device);

@@ -1,0 +1,167 @@
+// The FFN norm and the F32 router rows, one row a block (router-f32.cuh).
+#include "router-f32.cuh"
+
+#include "pdl.cuh"
+
+namespace {
+
+constexpr int      kThreads     = 256;   // mmvf's block for k >= 1024: thread t sums pairs t, t + 256, ...
+constexpr int      kNormThreads = 1024;  // rms_norm's block for k >= 1024: thread v sums columns v, v + 1024, ...
+constexpr int      kNormPlays   = kNormThreads / kThreads;
+constexpr int      kMaxK        = 4096;
+constexpr unsigned kFull        = 0xffffffffu;
+
+// ggml-cuda's warp_reduce_sum: the xor butterfly.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(kFull, v, offset);
+    }
+    return v;
+}
+
+// PAIRS = k / 512: the float pairs a thread multiplies.
+template <int PAIRS> __launch_bounds__(kThreads) __global__ void frt_router_f32_kernel(const __grid_constant__ frt_router_f32_args a) {
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    int       si = 0, row = blockIdx.x;
+    while (row >= a.seg[si].rows) {
+        row -= a.seg[si].rows;
+        ++si;
+    }
+    const frt_router_f32_segment & s = a.seg[si];
+
+    // Before the wait: this thread's pairs of the row and of the norm's weight (model weights,
+    // which no kernel on the stream writes).
+    const float2 * w2 = (const float2 *) (s.w + (int64_t) row * s.row_stride);
+    const float2 * n2 = (const float2 *) a.norm;
+    float2         w[PAIRS], nw[PAIRS];
+#pragma unroll
+    for (int j = 0; j < PAIRS; ++j) {
+        w[j]  = __ldg(w2 + t + kThreads * j);
+        nw[j] = __ldg(n2 + t + kThreads * j);
+    }
+    frt_pdl_wait();
+
+    extern __shared__ float4 xs[];  // k floats
+    __shared__ float         warp_sums[kNormThreads / 32];
+    const float4 *    x4 = (const float4 *) a.x;
+    for (int c = t; c < a.k / 4; c += kThreads) {
+        xs[c] = __ldcg(x4 + c);  // the kernel before wrote it: from L2
+    }
+    __syncthreads();
+    frt_pdl_launch_dependents();
+
+    // The norm's scale as rms_norm sums it (exact_norm_scales): virtual thread v = t + 256 m adds
+    // the squares of columns v, v + 1024, ... in order; each virtual warp's butterfly; then the 32
+    // warp sums in one more.
+    const float * xf = (const float *) xs;
+    float         tmp[kNormPlays];
+#pragma unroll
+    for (int m = 0; m < kNormPlays; ++m) {
+        tmp[m] = 0.0f;
+    }
+    for (int c0 = 0; c0 < a.k; c0 += kNormThreads) {
+#pragma unroll
+        for (int m = 0; m < kNormPlays; ++m) {
+            const int col = c0 + t + kThreads * m;
+            if (col < a.k) {
+                const float xi = xf[col];
+                tmp[m] += xi * xi;
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < kNormPlays; ++m) {
+        const float sum = warp_sum(tmp[m]);
+        if (lane == 0) {
+            warp_sums[warp + (kThreads / 32) * m] = sum;
+        }
+    }
+    __syncthreads();
+    const float sum   = warp_sum(warp_sums[lane]);
+    const float mean  = sum / a.k;
+    const float scale = rsqrtf(mean + a.eps);
+
+    // The normed value as stock forms it (x * scale * w, frt_norm_chunk), then mmvf's thread t:
+    // its pairs in order, two products a pair.
+    const float2 * x2   = (const float2 *) xs;
+    const bool     keep = a.x_normed != nullptr && blockIdx.x == 0;
+    float          acc  = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PAIRS; ++j) {
+        const int    c  = t + kThreads * j;
+        const float2 xv = x2[c];
+        const float2 nx = make_float2(xv.x * scale * nw[j].x, xv.y * scale * nw[j].y);
+        if (keep) {
+            ((float2 *) a.x_normed)[c] = nx;
+        }
+        acc += w[j].x * nx.x;
+        acc += w[j].y * nx.y;
+    }
+    // mmvf's reduction: each warp's butterfly, then the 8 warp sums (zeros past them) in one more.
+    __shared__ float dot_sums[kThreads / 32];
+    const float      mine = warp_sum(acc);
+    if (lane == 0) {
+        dot_sums[warp] = mine;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const float total = warp_sum(lane < kThreads / 32 ? dot_sums[lane] : 0.0f);
+        if (lane == 0) {
+            s.out[row] = total;
+        }
+    }
+}
+
+bool aligned16(const void * p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+}  // namespace
+
+const char * frt_router_f32_unsupported(const frt_router_f32_args & a) {
+    if (a.k < 1024 || a.k > kMaxK || a.k % 512 != 0) {
+        return "k must be a multiple of 512 from 1024 to 4096 (mmvf's block of 256 and rms_norm's of 1024)";
+    }
+    if (a.x == nullptr || a.norm == nullptr || !aligned16(a.x) || !aligned16(a.norm)) {
+        return "x and the norm's weight must be set and 16-byte aligned";
+    }
+    if (a.x_normed != nullptr && !aligned16(a.x_normed)) {
+        return "x_normed must be 16-byte aligned";
+    }
+    if (a.n_segments < 1 || a.n_segments > FRT_ROUTER_F32_MAX_SEGMENTS) {
+        return "1 to 4 segments";
+    }
+    int64_t rows = 0;
+    for (int i = 0; i < a.n_segments; ++i) {
+        const frt_router_f32_segment & s = a.seg[i];
+        if (s.w == nullptr || s.out == nullptr || s.rows < 1 || !aligned16(s.w) || s.row_stride < a.k ||
+            s.row_stride % 4 != 0) {
+            return "a segment needs weights (16-byte aligned, a row stride of at least k floats, a multiple of 4), "
+                   "an output and rows";
+        }
+        rows += s.rows;
+    }
+    return rows > 65535 ? "at most 65535 rows in all (one block a row)" : nullptr;
+}
+
+cudaError_t frt_router_f32(const frt_router_f32_args & a, cudaStream_t stream) {
+    if (frt_router_f32_unsupported(a) != nullptr) {
+        return cudaErrorInvalidValue;
+    }
+    int rows = 0;
+    for (int i = 0; i < a.n_segments; ++i) {
+        rows += a.seg[i].rows;
+    }
+    const dim3   grid(rows), block(kThreads);
+    const size_t smem = (size_t) a.k * sizeof(float);  // at most 16 KB: no attribute needed
+    switch (a.k / 512) {
+        case 2:  return frt_launch(frt_router_f32_kernel<2>, grid, block, smem, stream, a);
+        case 3:  return frt_launch(frt_router_f32_kernel<3>, grid, block, smem, stream, a);
+        case 4:  return frt_launch(frt_router_f32_kernel<4>, grid, block, smem, stream, a);
+        case 5:  return frt_launch(frt_router_f32_kernel<5>, grid, block, smem, stream, a);
+        case 6:  return frt_launch(frt_router_f32_kernel<6>, grid, block, smem, stream, a);
+        case 7:  return frt_launch(frt_router_f32_kernel<7>, grid, block, smem, stream, a);
+        default: return frt_launch(frt_router_f32_kernel<8>, grid, block, smem, stream, a);
+    }
+}
