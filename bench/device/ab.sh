@@ -25,7 +25,9 @@
 # the vendor tests under beside the default instead of each experiment's; TESTS_WITH= none (the
 # tests under 5 settings outlast the build: ~75 s a setting). GEMV_HOT=1: check runs gemv-bench's
 # exact rows once more with the weights resident in L2 between replays (--stream-mib 0: the most a
-# launch can gain from weights prefetched into L2). CASES=0: check skips the FlashRT cases (a bench
+# launch can gain from weights prefetched into L2). GEMV_AFTER=NAME: check also runs gemv-bench on
+# GEMV_AFTER_SHAPES (default router_pack) with each launch behind one of shape NAME (e.g. ssm_out),
+# under the default and each experiment. CASES=0: check skips the FlashRT cases (a bench
 # of sources whose cases a call just passed, when build + cases + bench do not fit in one call).
 # Needs .xtask/device/ carried (bench/README.md) with vendor-tests.tar.xz: the vendor tests built on
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
@@ -151,7 +153,9 @@ check)
         done
     fi
     # gemv-bench, when packed with the tests: the exact kernel at every decode shape, 1 token, under
-    # the default and each experiment (gemv-bench-*.md).
+    # the default and each experiment (gemv-bench-*.md); with GEMV_AFTER=NAME also the shapes of
+    # GEMV_AFTER_SHAPES (default router_pack) each behind a launch of NAME, as decode orders them
+    # (gemv-bench-after-*.md).
     if [ -x /tmp/vendor-tests/gemv-bench ]; then
         timeout 180 /tmp/vendor-tests/gemv-bench "$out/gemv-bench-default.jsonl" --tokens 1 --impls frt-exact \
             > "$out/gemv-bench-default.md" 2> "$out/gemv-bench.err"
@@ -164,12 +168,24 @@ check)
             timeout 180 /tmp/vendor-tests/gemv-bench "$out/gemv-bench-hot.jsonl" --tokens 1 --impls frt-exact \
                 --stream-mib 0 > "$out/gemv-bench-hot.md" 2>> "$out/gemv-bench.err"
         fi
-        python3 - "$out" "${experiments[@]}" <<'PY' | while read -r line; do say "$line"; done
+        if [ -n "${GEMV_AFTER:-}" ]; then
+            after=(--tokens 1 --impls frt-exact --shapes "${GEMV_AFTER_SHAPES:-router_pack}" --after "$GEMV_AFTER")
+            timeout 120 /tmp/vendor-tests/gemv-bench "$out/gemv-bench-after-default.jsonl" "${after[@]}" \
+                > "$out/gemv-bench-after-default.md" 2>> "$out/gemv-bench.err"
+            for i in "${!experiments[@]}"; do
+                read -r -a ab <<< "${experiments[$i]}"
+                timeout 120 env "${ab[@]}" /tmp/vendor-tests/gemv-bench "$out/gemv-bench-after-ab$i.jsonl" "${after[@]}" \
+                    > "$out/gemv-bench-after-ab$i.md" 2>> "$out/gemv-bench.err"
+            done
+        fi
+        for prefix in gemv-bench ${GEMV_AFTER:+gemv-bench-after}; do
+            python3 - "$out" "$prefix" "${GEMV_AFTER:-}" "${experiments[@]}" <<'PY' | while read -r line; do say "$line"; done
 import json, sys
-out, names = sys.argv[1], ["default"] + sys.argv[2:]
+out, prefix, after, names = sys.argv[1], sys.argv[2], sys.argv[3], ["default"] + sys.argv[4:]
+label = f"gemv-bench after {after}" if prefix.endswith("after") else "gemv-bench"
 runs = []
 for i, name in enumerate(names):
-    path = f"{out}/gemv-bench-{'default' if i == 0 else f'ab{i - 1}'}.jsonl"
+    path = f"{out}/{prefix}-{'default' if i == 0 else f'ab{i - 1}'}.jsonl"
     rows = {}
     try:
         lines = open(path).read().splitlines()
@@ -182,17 +198,18 @@ for i, name in enumerate(names):
     runs.append(rows)
 hot = {}
 try:
-    for line in open(f"{out}/gemv-bench-hot.jsonl").read().splitlines():
+    for line in open(f"{out}/gemv-bench-hot.jsonl").read().splitlines() if prefix == "gemv-bench" else []:
         r = json.loads(line)
         if r.get("impl") == "frt-exact":
             hot[r["shape"]] = r["us_median"]
 except FileNotFoundError:  # GEMV_HOT not set, or the run did not get that far
     pass
-print("gemv-bench frt-exact µs: shape | " + " | ".join(names) + (" | default, weights in L2" if hot else ""))
+print(f"{label} frt-exact µs: shape | " + " | ".join(names) + (" | default, weights in L2" if hot else ""))
 for shape in runs[0]:
     cells = [f"{r.get(shape, float('nan')):.2f}" for r in runs] + ([f"{hot.get(shape, float('nan')):.2f}"] if hot else [])
-    print(f"gemv-bench {shape} | " + " | ".join(cells))
+    print(f"{label} {shape} | " + " | ".join(cells))
 PY
+        done
     fi
     wait $build || { tail -30 "$out/build.log"; say "build FAILED"; exit 1; }
     say "build: $(( $(date +%s) - start )) s"
