@@ -3,16 +3,14 @@
 
 #include "pdl.cuh"
 
-namespace {
-
-constexpr int      kThreads     = 256;   // mmvf's block for k >= 1024: thread t sums pairs t, t + 256, ...
-constexpr int      kNormThreads = 1024;  // rms_norm's block for k >= 1024: thread v sums columns v, v + 1024, ...
-constexpr int      kNormPlays   = kNormThreads / kThreads;
-constexpr int      kMaxK        = 4096;
-constexpr unsigned kFull        = 0xffffffffu;
+static constexpr int      kThreads     = 256;   // mmvf's block for k >= 1024: thread t sums pairs t, t + 256, ...
+static constexpr int      kNormThreads = 1024;  // rms_norm's block for k >= 1024: thread v sums columns v, v + 1024, ...
+static constexpr int      kNormPlays   = kNormThreads / kThreads;
+static constexpr int      kMaxK        = 4096;
+static constexpr unsigned kFull        = 0xffffffffu;
 
 // ggml-cuda's warp_reduce_sum: the xor butterfly.
-__device__ __forceinline__ float warp_sum(float v) {
+static __device__ __forceinline__ float router_warp_sum(float v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
         v += __shfl_xor_sync(kFull, v, offset);
@@ -21,7 +19,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // PAIRS = k / 512: the float pairs a thread multiplies.
-template <int PAIRS> __launch_bounds__(kThreads) __global__ void frt_router_f32_kernel(const __grid_constant__ frt_router_f32_args a) {
+template <int PAIRS>
+__launch_bounds__(kThreads) static __global__ void frt_router_f32_kernel(const __grid_constant__ frt_router_f32_args a) {
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
     int       si = 0, row = blockIdx.x;
     while (row >= a.seg[si].rows) {
@@ -72,13 +71,13 @@ template <int PAIRS> __launch_bounds__(kThreads) __global__ void frt_router_f32_
     }
 #pragma unroll
     for (int m = 0; m < kNormPlays; ++m) {
-        const float sum = warp_sum(tmp[m]);
+        const float sum = router_warp_sum(tmp[m]);
         if (lane == 0) {
             warp_sums[warp + (kThreads / 32) * m] = sum;
         }
     }
     __syncthreads();
-    const float sum   = warp_sum(warp_sums[lane]);
+    const float sum   = router_warp_sum(warp_sums[lane]);
     const float mean  = sum / a.k;
     const float scale = rsqrtf(mean + a.eps);
 
@@ -100,33 +99,31 @@ template <int PAIRS> __launch_bounds__(kThreads) __global__ void frt_router_f32_
     }
     // mmvf's reduction: each warp's butterfly, then the 8 warp sums (zeros past them) in one more.
     __shared__ float dot_sums[kThreads / 32];
-    const float      mine = warp_sum(acc);
+    const float      mine = router_warp_sum(acc);
     if (lane == 0) {
         dot_sums[warp] = mine;
     }
     __syncthreads();
     if (warp == 0) {
-        const float total = warp_sum(lane < kThreads / 32 ? dot_sums[lane] : 0.0f);
+        const float total = router_warp_sum(lane < kThreads / 32 ? dot_sums[lane] : 0.0f);
         if (lane == 0) {
             s.out[row] = total;
         }
     }
 }
 
-bool aligned16(const void * p) {
+static bool router_aligned16(const void * p) {
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
-
-}  // namespace
 
 const char * frt_router_f32_unsupported(const frt_router_f32_args & a) {
     if (a.k < 1024 || a.k > kMaxK || a.k % 512 != 0) {
         return "k must be a multiple of 512 from 1024 to 4096 (mmvf's block of 256 and rms_norm's of 1024)";
     }
-    if (a.x == nullptr || a.norm == nullptr || !aligned16(a.x) || !aligned16(a.norm)) {
+    if (a.x == nullptr || a.norm == nullptr || !router_aligned16(a.x) || !router_aligned16(a.norm)) {
         return "x and the norm's weight must be set and 16-byte aligned";
     }
-    if (a.x_normed != nullptr && !aligned16(a.x_normed)) {
+    if (a.x_normed != nullptr && !router_aligned16(a.x_normed)) {
         return "x_normed must be 16-byte aligned";
     }
     if (a.n_segments < 1 || a.n_segments > FRT_ROUTER_F32_MAX_SEGMENTS) {
@@ -135,7 +132,7 @@ const char * frt_router_f32_unsupported(const frt_router_f32_args & a) {
     int64_t rows = 0;
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_router_f32_segment & s = a.seg[i];
-        if (s.w == nullptr || s.out == nullptr || s.rows < 1 || !aligned16(s.w) || s.row_stride < a.k ||
+        if (s.w == nullptr || s.out == nullptr || s.rows < 1 || !router_aligned16(s.w) || s.row_stride < a.k ||
             s.row_stride % 4 != 0) {
             return "a segment needs weights (16-byte aligned, a row stride of at least k floats, a multiple of 4), "
                    "an output and rows";
