@@ -10,12 +10,14 @@ use anyhow::{bail, Context, Result};
 
 use super::weights::role_of;
 
-/// The kernels whose launches the log describes, in the order they run (vendor/csrc/gemv*).
+/// The kernels whose launches the log describes, in the order they run (vendor/csrc/gemv*, and
+/// router-f32, which frt_gemv runs for the ROUTER launch under `GGML_FLASHRT_ROUTER_F32=1`).
 const LOGGED_KERNELS: &[&str] = &[
     "frt_gemv_registers_kernel",
     "frt_gemv_bulk_kernel",
     "frt_gemv_exact_kernel",
     "frt_gemv_head_kernel",
+    "frt_router_f32_kernel",
 ];
 
 /// True for a kernel function whose launches are in the launch log.
