@@ -159,6 +159,9 @@ bool run_case(const router_case & rc, std::mt19937_64 & rng) {
         std::printf("FAIL %s: refused: %s\n", rc.name.c_str(), why);
         return false;
     }
+    // cudaMemcpy from pageable memory may return before its DMA lands, and a non-blocking stream
+    // does not wait for the legacy one.
+    CHECK(cudaDeviceSynchronize());
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     CHECK(frt_gemv(g, stream, FRT_GEMV_KERNEL_EXACT));
