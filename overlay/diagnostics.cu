@@ -81,6 +81,10 @@ struct stats_at_exit {
                      "call (replays take none); %llu node-loop pass(es) prepared the windows (a graph's first direct one)\n",
                      (unsigned long long) begins, begins ? stats.begin_ns.load() / 1e3 / begins : 0.0,
                      (unsigned long long) stats.prepares.load());
+        const uint64_t orders = stats.orders.load();
+        std::fprintf(stderr, "FlashRT stats: graph order: %llu graph(s) planned by ggml's scheduler, host time in the "
+                     "windows' node order %.1f us a graph (between decode steps; none where llama.cpp reuses a graph)\n",
+                     (unsigned long long) orders, orders ? stats.order_ns.load() / 1e3 / orders : 0.0);
         int n_windows = 0;
         const flashrt_window * windows = flashrt_windows(&n_windows);
         // Host time per window and graph evaluation: where the node-loop hook's time goes.

@@ -37,6 +37,8 @@ struct flashrt_stats {
     std::atomic<uint64_t> repack_refused_bytes{ 0 };
     std::atomic<uint64_t> handoffs{ 0 };        // GEMV launches that took their input normed and quantized (x_q8)
     std::atomic<uint64_t> attn_gates{ 0 };      // ATTN_DECODE launches that applied the output gate
+    std::atomic<uint64_t> orders{ 0 };          // graph_optimize calls (graphs ggml's scheduler planned)
+    std::atomic<uint64_t> order_ns{ 0 };        // host time in them (the windows' node order)
 };
 
 bool flashrt_debug_enabled();

@@ -12,11 +12,13 @@
 // layer's input projections move at up to 8 tokens too (stock's kernels run them there), so that
 // the layer's block is one run of nodes for GDN. Stock's order otherwise.
 
+#include "diagnostics.cuh"
 #include "flashrt.cuh"
 #include "registry.cuh"
 #include "reorder.h"
 #include "windows/gemv-pack.cuh"
 
+#include <chrono>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
@@ -29,7 +31,7 @@ static const ggml_tensor * underlying(const ggml_tensor * t) {
     return t;
 }
 
-void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph) {
+static void reorder_for_windows(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph) {
     const int  cc     = ggml_cuda_info().devices[ctx.device].cc;
     const bool fold   = flashrt_window_runs("SHEXP_FOLD", cc);
     const bool matvec = flashrt_window_runs("MATVEC", cc);
@@ -146,4 +148,16 @@ void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgra
     for (int k = 0; k < n; ++k) {
         cgraph->nodes[k] = nodes[order[k]];
     }
+}
+
+// Timed for FRT_STATS: ggml's scheduler calls it on every graph it plans, on the host between two
+// decode steps, unless llama.cpp reuses the step's graph as it stands.
+void ggml_cuda_flashrt_graph_optimize(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph) {
+    const auto start = std::chrono::steady_clock::now();
+    reorder_for_windows(ctx, cgraph);
+    flashrt_stats & stats = flashrt_global_stats();
+    stats.orders++;
+    stats.order_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
 }

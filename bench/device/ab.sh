@@ -250,7 +250,9 @@ compare)
         profile "ab$i" "${ab[@]}"
     done
     FRT_STATS=1 "$bin/llama-bench" -m "$model" -ngl 99 -fa 1 -r 1 -p 0 -n 8 > "$out/stats-default.log" 2>&1
-    say "stats: $(grep -E 'norm handoff|attention gate' "$out/stats-default.log" | tr -s ' ' | tr '\n' ' ')"
+    # graph order against graph compute calls: whether llama.cpp plans each step's graph anew (our
+    # node order then runs on the host between steps) or reuses it.
+    say "stats: $(grep -E 'norm handoff|attention gate|graph order|graph compute call' "$out/stats-default.log" | tr -s ' ' | tr '\n' ' ')"
     parity "$model"
     traces
     ;;
