@@ -65,12 +65,12 @@ static bool exact_as_router_f32(const frt_gemv_args & a, frt_router_f32_args & r
         a.n_segments > FRT_ROUTER_F32_MAX_SEGMENTS) {
         return false;
     }
-    r          = {};
-    r.x        = a.x;
-    r.norm     = a.norm;
-    r.eps      = a.eps;
-    r.k        = a.k;
-    r.x_normed = a.x_normed;
+    r            = {};
+    r.x          = a.x;
+    r.norm       = a.norm;
+    r.eps        = a.eps;
+    r.k          = a.k;
+    r.x_normed   = a.x_normed;
     r.n_segments = a.n_segments;
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];

@@ -122,16 +122,16 @@ bool run_case(const router_case & rc, std::mt19937_64 & rng) {
     float * normed_router = rc.normed ? poisoned(k) : nullptr;
 
     frt_gemv_args g{};
-    g.x          = d_x_src;  // the exact kernel reads x as written; the router reads d_x (late or not)
-    g.x_stride   = k;
-    g.k          = k;
-    g.tokens     = 1;
-    g.x_per_token = 1;
-    g.norm       = d_norm;
-    g.eps        = 1e-6f;
-    g.x_normed   = normed_exact;
+    g.x               = d_x_src;  // the exact kernel reads x as written; the router reads d_x (late or not)
+    g.x_stride        = k;
+    g.k               = k;
+    g.tokens          = 1;
+    g.x_per_token     = 1;
+    g.norm            = d_norm;
+    g.eps             = 1e-6f;
+    g.x_normed        = normed_exact;
     g.x_normed_stride = k;
-    g.n_segments = n_seg;
+    g.n_segments      = n_seg;
     frt_router_f32_args a{};
     a.x          = d_x;
     a.norm       = d_norm;
