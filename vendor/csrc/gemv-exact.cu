@@ -168,18 +168,6 @@ static cudaError_t exact_launch_glu(bool glu, int device, int blocks, int smem, 
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
-    if (exact_router_f32()) {
-        frt_router_f32_args r;
-        bool                tracing;
-        {
-            exact_trace_ring &          ring = trace_ring();
-            std::lock_guard<std::mutex> lock(ring.mutex);
-            tracing = ring.records != nullptr;
-        }
-        if (!tracing && exact_as_router_f32(a, r)) {
-            return frt_router_f32(r, stream);
-        }
-    }
     int         device = 0;
     gemv_device dev;
     cudaError_t err = cudaGetDevice(&device);
@@ -207,6 +195,12 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         p.trace          = r.records;
         p.trace_cursor   = r.cursor;
         p.trace_capacity = r.capacity;
+    }
+    if (exact_router_f32() && p.trace == nullptr) {  // a traced launch stays here: it writes records
+        frt_router_f32_args r;
+        if (exact_as_router_f32(a, r)) {
+            return frt_router_f32(r, stream);
+        }
     }
     p.prefetch            = a.prefetch;
     if (a.route_logits != nullptr) {

@@ -407,6 +407,11 @@ struct BenchResult {
     tests: Vec<TestResult>,
 }
 
+/// Result-name tags of the overlay's switches (`KEY=VALUE`; result_stem makes them file-safe).
+pub fn switch_tags(switches: &[(String, String)]) -> impl Iterator<Item = String> + '_ {
+    switches.iter().map(|(k, v)| format!("{k}={v}"))
+}
+
 /// The overlay's switches among `vars` (an environment), sorted.
 pub fn overlay_switches(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = vars
@@ -729,7 +734,7 @@ pub fn run(sh: &Shell, project: &Project, args: BenchArgs) -> Result<()> {
     };
     // Runs with switches set are named by them, so that they do not overwrite the default's.
     let mut tags = result.split.tags();
-    tags.extend(result.switches.iter().map(|(k, v)| format!("{k}={v}")));
+    tags.extend(switch_tags(&result.switches));
     let file = project.root.join("bench/results").join(result_file_name(
         &result.date,
         &result.commit,

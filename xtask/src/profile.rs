@@ -59,8 +59,9 @@ k-th launch of the capture it replays (xtask/src/profile/launch_log.rs).
 Writes bench/results/<date>-<commit>-<gpu>-profile[-no-NAME][-SWITCH_VALUE...]/profile.md, \
 profile.json and profile.svg (µs per family, one bar per setting); the overlay's switches set in \
 the environment (FRT_*, GGML_FLASHRT_*, GGML_CUDA_FLASHRT_*) apply to every run, name the \
-directory and head profile.md, so that a run under other switches keeps the default's results. --save-traces DIR keeps the traces and the \
-run's other inputs; --from-traces DIR analyses them again anywhere, without a GPU.")]
+directory and head profile.md, so that a run under other switches keeps the default's results. \
+--save-traces DIR keeps the traces and the run's other inputs; --from-traces DIR analyses them \
+again anywhere, without a GPU.")]
 pub struct ProfileArgs {
     #[command(flatten)]
     pub target: GpuModelArgs,
@@ -212,7 +213,7 @@ fn settings(window_off: Option<&str>) -> Vec<(String, Vec<(String, String)>)> {
 fn tags(window_off: Option<&str>, switches: &[(String, String)]) -> Vec<String> {
     let mut tags = vec!["profile".to_owned()];
     tags.extend(window_off.map(|name| format!("no-{name}")));
-    tags.extend(switches.iter().map(|(k, v)| format!("{k}={v}")));
+    tags.extend(bench::switch_tags(switches));
     tags
 }
 
