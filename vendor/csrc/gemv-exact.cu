@@ -49,11 +49,11 @@ static bool exact_evict_first() {
     return evict_first;
 }
 
-// Experiment: GGML_FLASHRT_ROUTER_F32=1 runs a launch of an input norm and F32 rows only (the
-// ROUTER window's: the router and the shared expert's gate vector) on frt_router_f32, one row a
-// block with the rows in registers before the wait (router-f32.cuh), the same bits.
+// A launch of an input norm and F32 rows only (the ROUTER window's: the router and the shared
+// expert's gate vector) runs on frt_router_f32, one row a block with the rows in registers before
+// the wait (router-f32.cuh), the same bits; GGML_FLASHRT_ROUTER_F32=0 keeps it here.
 static bool exact_router_f32() {
-    static const bool on = frt_env_flag("GGML_FLASHRT_ROUTER_F32", false);
+    static const bool on = frt_env_flag("GGML_FLASHRT_ROUTER_F32", true);
     return on;
 }
 

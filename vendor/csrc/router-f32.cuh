@@ -6,7 +6,7 @@
 // after it into shared memory, and each of the block's 256 threads plays ggml-cuda's mmvf thread of
 // the same index. The same bits as the exact GEMV kernel's ROUTER launch (gemv-exact-impl.cuh:
 // exact_norm_scales, gemv_prologue_x's normed value, exact_row_f32), which plays stock's rms_norm
-// and mmvf in turn. Experiment: frt_gemv runs it for such a launch when GGML_FLASHRT_ROUTER_F32=1
+// and mmvf in turn. frt_gemv runs it for such a launch unless GGML_FLASHRT_ROUTER_F32=0
 // (gemv-exact.cu).
 
 #include <cuda_runtime.h>

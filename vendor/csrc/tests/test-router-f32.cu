@@ -302,7 +302,7 @@ bool run_refusals() {
 int main(int argc, char ** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     // The exact kernel is the reference here: never let it take the router kernel's path itself.
-    unsetenv("GGML_FLASHRT_ROUTER_F32");
+    setenv("GGML_FLASHRT_ROUTER_F32", "0", 1);
     const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : std::random_device{}();
     std::printf("seed %" PRIu64 " (rerun with: test-router-f32 %" PRIu64 ")\n", seed, seed);
     std::mt19937_64 rng(seed);

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use super::weights::role_of;
 
 /// The kernels whose launches the log describes, in the order they run (vendor/csrc/gemv*, and
-/// router-f32, which frt_gemv runs for the ROUTER launch under `GGML_FLASHRT_ROUTER_F32=1`).
+/// router-f32, which frt_gemv runs for the ROUTER launch unless `GGML_FLASHRT_ROUTER_F32=0`).
 const LOGGED_KERNELS: &[&str] = &[
     "frt_gemv_registers_kernel",
     "frt_gemv_bulk_kernel",
