@@ -40,8 +40,10 @@
 //     leave, so what it stages before its wait has less time to land than back to back with
 //     itself, where its predecessor is its own launch. us_median is then the pair's time less
 //     NAME's alone (after_us in the JSON). E.g. --shapes ffn_gate_inp --after ssm_out: the router
-//     after the GDN output projection. Unlike decode, the timed launch's input is not what NAME
-//     wrote: it waits for NAME's end all the same, but reads an x that stayed in L2.
+//     after the GDN output projection; --shapes moe_gate_up_routed --after router_pack: the MoE
+//     gate/up launch (its experts selected in the launch from the router's logits) after ROUTER,
+//     as decode chains them. Unlike decode, the timed launch's input is not what NAME wrote: it
+//     waits for NAME's end all the same, but reads an x (and logits) that stayed in L2.
 // Build (device; bench/device/gemv.sh does this and runs it):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu vendor/csrc/*.cu -o gemv-bench
 
@@ -83,6 +85,10 @@ struct shape_spec {
     std::vector<seg_spec> segs;
     bool                  norm       = false;  // the RMS norm prologue (the windows fold RMS_NORM+MUL)
     bool                  x_per_slot = false;  // down projections: one input a slot
+    // The expert segments' experts selected in the launch from kExperts router logits (the exact
+    // kernel's routing, one token: MOE_TOPK inside the gate/up launch); the logits give each
+    // selection's experts clear margins over the rest, so the selection is the fixed one.
+    bool                  route      = false;
 };
 
 const frt_gemv_type Q4 = FRT_GEMV_Q4_K, Q6 = FRT_GEMV_Q6_K, Q8 = FRT_GEMV_Q8_0, F32 = FRT_GEMV_F32;
@@ -110,6 +116,8 @@ const std::vector<shape_spec> & shapes() {
           { { Q4, 8192 }, { Q4, 512 }, { Q6, 512, false, true } }, true },
         { "router_pack", "RMS norm + router + shared-expert gate, one launch (ROUTER)", 2048,
           { { F32, 256 }, { F32, 1 } }, true },
+        { "moe_gate_up_routed", "gate + up of 8 routed experts selected in the launch, shared gate + up (no SwiGLU)",
+          2048, { { Q4, 512, true }, { Q4, 512, true }, { Q4, 512 }, { Q4, 512 } }, false, false, true },
     };
     return all;
 }
@@ -303,6 +311,9 @@ struct shape_inputs {
     std::vector<int32_t> ids;
     float *              d_x = nullptr, *d_norm = nullptr;
     int32_t *            d_ids = nullptr;
+    // route: each selection's router logits (kExperts), and where its launch writes ids and weights.
+    float *              d_logits = nullptr, *d_route_weights = nullptr;
+    int32_t *            d_route_ids = nullptr;
 
     shape_inputs(const shape_spec & shape, shape_weights & weights, int n_tokens, std::mt19937_64 & rng) :
         s(shape),
@@ -336,6 +347,23 @@ struct shape_inputs {
             }
         }
         d_ids = to_device(ids);
+        if (s.route) {
+            // Selection sel's experts at 4, 3.75, ... 2.25 in their order, the others below 1:
+            // the softmax top-k picks them in that order whatever the draw.
+            std::uniform_real_distribution<float> rest(-3.0f, 1.0f);
+            std::vector<float>                    logits((size_t) kSelections * kExperts);
+            for (int sel = 0; sel < kSelections; ++sel) {
+                for (int e = 0; e < kExperts; ++e) {
+                    logits[(size_t) sel * kExperts + e] = rest(rng);
+                }
+                for (int j = 0; j < kUsed; ++j) {
+                    logits[(size_t) sel * kExperts + ids[(size_t) sel * kUsed + j]] = 4.0f - 0.25f * j;
+                }
+            }
+            d_logits = to_device(logits);
+            CHECK(cudaMalloc(&d_route_ids, (size_t) kSelections * kUsed * sizeof(int32_t)));
+            CHECK(cudaMalloc(&d_route_weights, (size_t) kSelections * kUsed * sizeof(float)));
+        }
     }
 
     shape_inputs(const shape_inputs &)             = delete;
@@ -349,6 +377,9 @@ struct shape_inputs {
         CHECK(cudaFree(d_x));
         CHECK(cudaFree(d_norm));
         CHECK(cudaFree(d_ids));
+        CHECK(cudaFree(d_logits));
+        CHECK(cudaFree(d_route_ids));
+        CHECK(cudaFree(d_route_weights));
     }
 
     frt_gemv_args args_for(int launch_index) const {
@@ -361,6 +392,16 @@ struct shape_inputs {
         a.norm        = s.norm ? d_norm : nullptr;
         a.eps         = 1e-6f;
         a.n_segments  = (int) s.segs.size();
+        const int sel = launch_index % kSelections;
+        if (s.route) {
+            a.route_logits    = d_logits + (size_t) sel * kExperts;
+            a.route_n_experts = kExperts;
+            a.route_norm      = true;
+            a.route_clamp     = 6.103515625e-5f;
+            a.route_scale     = 1.0f;
+            a.route_ids       = d_route_ids + (size_t) sel * kUsed;
+            a.route_weights   = d_route_weights + (size_t) sel * kUsed;
+        }
         for (size_t si = 0; si < s.segs.size(); ++si) {
             const seg_spec &   sp = s.segs[si];
             const seg_data &   d  = sw.segs[si];
@@ -372,7 +413,7 @@ struct shape_inputs {
             g.out                 = d.out;
             g.out_stride          = sp.rows;
             if (sp.experts) {
-                g.ids           = d_ids + (size_t) (launch_index % kSelections) * tokens * kUsed;
+                g.ids           = s.route ? a.route_ids : d_ids + (size_t) sel * tokens * kUsed;
                 g.ids_stride    = kUsed;
                 g.n_used        = kUsed;
                 g.n_experts     = kExperts;
@@ -407,6 +448,16 @@ result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int repla
     if (checked) {
         check_launch(s, in.args_for(0), sw.segs, tokens, in.x, in.x_stride, in.norm,
                      std::vector<int32_t>(in.ids.begin(), in.ids.begin() + tokens * kUsed), launch, who);
+        if (s.route) {  // the outputs above were checked against the fixed selection: was it the one made?
+            std::vector<int32_t> routed(kUsed);
+            CHECK(cudaMemcpy(routed.data(), in.d_route_ids, kUsed * sizeof(int32_t), cudaMemcpyDeviceToHost));
+            for (int j = 0; j < kUsed; ++j) {
+                if (routed[j] != in.ids[j]) {
+                    fail(who + ", " + s.name + ": routed expert " + std::to_string(j) + " is " +
+                         std::to_string(routed[j]) + ", the logits select " + std::to_string(in.ids[j]));
+                }
+            }
+        }
     } else {
         // One launch outside the capture all the same: module loading, attributes, launch errors.
         CHECK(launch(in.args_for(0), 0));
@@ -591,6 +642,9 @@ int main(int argc, char ** argv) {
                     continue;
                 }
                 if ((kernel == FRT_GEMV_KERNEL_EXACT && !exact_takes) || (kernel == FRT_GEMV_KERNEL_HEAD && !head_takes)) {
+                    continue;
+                }
+                if (s.route && (kernel != FRT_GEMV_KERNEL_EXACT || t != 1)) {  // only the exact kernel routes, one token
                     continue;
                 }
                 const std::string impl = kernel == FRT_GEMV_KERNEL_AUTO        ? "frt"
