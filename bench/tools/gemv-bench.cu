@@ -427,21 +427,24 @@ struct shape_inputs {
 // --after: the preceding shape's inputs and how it is launched.
 struct preceding {
     const shape_inputs & in;
-    launcher             launch;
+    frt_gemv_kernel      kernel;
+
+    cudaError_t launch(const frt_gemv_args & a, cudaStream_t st) const { return frt_gemv(a, st, kernel); }
 };
 
-// Checks (when `checked`) and times `launch` at (shape, tokens). `who` names it in messages.
+// Checks (when `checked`) and times frt_gemv on `kernel` at (shape, tokens). `who` names it in messages.
 // between: --between (a small kernel after each launch; the result is the GEMV's share). after:
 // --after (each launch preceded by one of that shape's; the result is the timed one's share).
 result run_shape(const shape_spec & s, shape_weights & sw, int tokens, int replays, double graph_ms,
-                 std::mt19937_64 & rng, cudaStream_t stream, const launcher & launch, bool checked,
+                 std::mt19937_64 & rng, cudaStream_t stream, frt_gemv_kernel kernel, bool checked,
                  const std::string & who, bool between = false, const preceding * after = nullptr) {
     const shape_inputs in(s, sw, tokens, rng);
-    if (const char * why = frt_gemv_unsupported(in.args_for(0))) {
+    const launcher     launch = [kernel](const frt_gemv_args & a, cudaStream_t st) { return frt_gemv(a, st, kernel); };
+    if (const char * why = frt_gemv_unsupported(in.args_for(0), kernel)) {
         fail(std::string(s.name) + ": " + why);
     }
     if (after != nullptr) {
-        if (const char * why = frt_gemv_unsupported(after->in.args_for(0))) {
+        if (const char * why = frt_gemv_unsupported(after->in.args_for(0), after->kernel)) {
             fail(std::string("--after ") + after->in.s.name + ": " + why);
         }
     }
@@ -663,14 +666,10 @@ int main(int argc, char ** argv) {
                     after_inputs = std::make_unique<shape_inputs>(*after_shape, after_weights, t, rng);
                     const frt_gemv_kernel after_kernel =
                         frt_gemv_unsupported(after_inputs->args_for(0), kernel) == nullptr ? kernel : FRT_GEMV_KERNEL_AUTO;
-                    after = std::make_unique<preceding>(preceding{
-                        *after_inputs, [after_kernel](const frt_gemv_args & a, cudaStream_t st) {
-                            return frt_gemv(a, st, after_kernel);
-                        } });
+                    after = std::make_unique<preceding>(preceding{ *after_inputs, after_kernel });
                 }
                 result r = run_shape(
-                    s, weights, t, replays, graph_ms, rng, stream,
-                    [kernel](const frt_gemv_args & a, cudaStream_t st) { return frt_gemv(a, st, kernel); },
+                    s, weights, t, replays, graph_ms, rng, stream, kernel,
                     std::getenv("FRT_GEMV_BULK_LAB") == nullptr,  // lab settings skip work: nothing to check
                     "frt_gemv (" + impl + ")", between, after.get());
                 r.impl                 = impl;
