@@ -89,6 +89,12 @@ traces() {  # TRACE=1: the trace of the default, and under TRACE_WITH's settings
     fi
 }
 
+results_file() {  # LOG NAME: the results file LOG names, copied into $out as NAME
+    local results
+    results=$(results_dir "$1")
+    [ -n "$results" ] && [ -f "$results" ] && cp "$results" "$out/$2"
+}
+
 bench_and_parity() {  # bench of stock, the default and the experiments interleaved; 4-layer parity
     local also=() e ab
     for e in "${experiments[@]}"; do
@@ -97,9 +103,12 @@ bench_and_parity() {  # bench of stock, the default and the experiments interlea
     done
     "$xtask" bench --model "$model" --arch 90a --rounds "${ROUNDS:-3}" --tests tg128 "${also[@]}" > "$out/bench.log" 2>&1
     grep -E '^\| tg128' "$out/bench.log" | while read -r line; do say "bench: $line"; done
+    # Each bench's JSON kept as it is written: both runs of a call write the same results file.
+    results_file "$out/bench.log" bench.json
     if [ -n "${EXTRA_TESTS:-}" ]; then  # the default alone against stock (no experiments)
         "$xtask" bench --model "$model" --arch 90a --rounds "${ROUNDS:-3}" --tests "$EXTRA_TESTS" > "$out/bench-extra.log" 2>&1
         grep -E '^\| (pp|tg)[0-9]' "$out/bench-extra.log" | while read -r line; do say "bench: $line"; done
+        results_file "$out/bench-extra.log" bench-extra.json
     fi
     local small=/tmp/models/qwen36-l4-e8.gguf
     "$xtask" synth --preset qwen36-35b-a3b --layers 4 --experts 8 --out "$small" > /dev/null 2>&1
