@@ -1,22 +1,14 @@
 #include "attn-norm-rope.cuh"
 #include "pdl.cuh"
+#include "warp-reduce.cuh"
 
 constexpr int attn_rope_threads = 256;  // rms_norm_f32's block below 1024 columns
 constexpr int attn_rope_warps   = attn_rope_threads / 32;
 
-// rms_norm_f32's warp_reduce_sum: the butterfly from offset 16 down, each lane adding its partner.
-static __device__ __forceinline__ float attn_rope_warp_sum(float x) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        x += __shfl_xor_sync(0xffffffff, x, offset, 32);
-    }
-    return x;
-}
-
 // Its block_reduce<SUM, 256>: every warp's sum, lane 0 of each to shared memory, then the same
 // butterfly over the 8 sums, the lanes past them holding 0.
 static __device__ __forceinline__ float attn_rope_block_sum(float x, float * warp_sums) {
-    x              = attn_rope_warp_sum(x);
+    x              = frt_warp_sum(x);
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (lane == 0) {
@@ -24,7 +16,7 @@ static __device__ __forceinline__ float attn_rope_block_sum(float x, float * war
     }
     __syncthreads();
     x = lane < attn_rope_warps ? warp_sums[lane] : 0.0f;
-    return attn_rope_warp_sum(x);
+    return frt_warp_sum(x);
 }
 
 static __device__ __forceinline__ int64_t attn_rope_row(const frt_attn_rope_rows & rows, int t) {

@@ -1,5 +1,6 @@
 #include "decode-attention.cuh"
 #include "pdl.cuh"
+#include "warp-reduce.cuh"
 
 #include <cmath>
 #include <cooperative_groups.h>
@@ -37,22 +38,6 @@ constexpr int decode_cells_lane  = FRT_ATTN_DECODE_MAX_KV / FRT_ATTN_DECODE_SPLI
 static_assert(FRT_ATTN_DECODE_MAX_KV % (32 * FRT_ATTN_DECODE_SPLIT) == 0, "a block's cells fill whole warps");
 static_assert(FRT_ATTN_DECODE_MAX_PAIRS <= decode_split * decode_warps,
               "a warp of the cluster combines at most one query row");
-
-static __device__ __forceinline__ float decode_warp_max(float x) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, offset, 32));
-    }
-    return x;
-}
-
-static __device__ __forceinline__ float decode_warp_sum(float x) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        x += __shfl_xor_sync(0xffffffff, x, offset, 32);
-    }
-    return x;
-}
 
 static __device__ __forceinline__ void decode_cp_async16(void * dst, const void * src) {
     const unsigned dst_shared = (unsigned) __cvta_generic_to_shared(dst);
@@ -194,7 +179,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
             }
             m = fmaxf(m, s[j]);
         }
-        m = decode_warp_max(m);
+        m = frt_warp_max(m);
         if (p == warp) {
             decode_mark(5, m);
         }
@@ -205,7 +190,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
             e[j] = m == -INFINITY || s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
             l += e[j];
         }
-        l = decode_warp_sum(l);
+        l = frt_warp_sum(l);
         // Lane l: the weighted V of dims [l * E, l * E + E).
         float o[E];
 #pragma unroll
@@ -274,9 +259,9 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
             mi = row[lane * PS];
             li = row[lane * PS + 1];
         }
-        const float mx = decode_warp_max(mi);
+        const float mx = frt_warp_max(mi);
         const float wi = mi == -INFINITY ? 0.0f : expf(mi - mx);
-        const float sum = decode_warp_sum(wi * li);
+        const float sum = frt_warp_sum(wi * li);
         float       o[E];
 #pragma unroll
         for (int i = 0; i < E; ++i) {

@@ -2,6 +2,7 @@
 #include "env-switch.cuh"
 #include "q8-x.cuh"
 #include "pdl.cuh"
+#include "warp-reduce.cuh"
 
 constexpr int head_dim     = FRT_GDN_HEAD_DIM;
 constexpr int max_seqs     = FRT_GDN_MAX_SEQS;
@@ -10,14 +11,6 @@ constexpr int copy_blocks  = 32;  // prep blocks that copy aside the states read
 
 static __device__ __forceinline__ float gdn_silu(float x) {
     return x / (1.0f + expf(-x));  // ggml_cuda_op_silu_single
-}
-
-static __device__ __forceinline__ float gdn_warp_sum(float x) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        x += __shfl_xor_sync(0xffffffff, x, offset, 32);
-    }
-    return x;
 }
 
 // Stock's rms_norm runs 128 columns as a 256-thread block: four warps' butterfly sums, then a
@@ -169,7 +162,7 @@ static __global__ void __launch_bounds__(head_dim) frt_gdn_prep_kernel(const frt
             if (s < a.n_seqs) {
                 float tmp = 0.0f;
                 tmp += y[s] * y[s];
-                tmp = gdn_warp_sum(tmp);
+                tmp = frt_warp_sum(tmp);
                 if (lane == 0) {
                     warp_sums[s][warp] = tmp;
                 }
@@ -230,7 +223,7 @@ static __device__ __forceinline__ void gdn_head_step(const frt_gdn_decode_args &
         for (int r = 0; r < rows_per_lane; r++) {
             kv_shard += state[j][r] * k[r];
         }
-        const float kv_col    = gdn_warp_sum(kv_shard);
+        const float kv_col    = frt_warp_sum(kv_shard);
         const float v_col     = v_src[col];
         const float delta_col = (v_col - g_val * kv_col) * beta_val;
         float attn_partial = 0.0f;
@@ -239,7 +232,7 @@ static __device__ __forceinline__ void gdn_head_step(const frt_gdn_decode_args &
             state[j][r]  = g_val * state[j][r] + k[r] * delta_col;
             attn_partial += state[j][r] * q[r];
         }
-        const float attn_col = gdn_warp_sum(attn_partial);
+        const float attn_col = frt_warp_sum(attn_partial);
 #pragma unroll
         for (int r = 0; r < rows_per_lane; r++) {
             float * to = dst + col * head_dim + r * 32 + lane;
@@ -262,7 +255,7 @@ static __device__ __forceinline__ void gdn_head_step(const frt_gdn_decode_args &
         o = attn[warp * 32 + lane];
         float tmp = 0.0f;
         tmp += o * o;
-        tmp = gdn_warp_sum(tmp);
+        tmp = frt_warp_sum(tmp);
         if (lane == 0) {
             warp_sums[warp] = tmp;
         }
@@ -450,7 +443,7 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
     if (producer && warp >= 4 && warp < 12) {
         float tmp = 0.0f;
         tmp += y * y;
-        tmp = gdn_warp_sum(tmp);
+        tmp = frt_warp_sum(tmp);
         if (lane == 0) {
             qk_sums[g_qk][(warp - 4) % 4] = tmp;
         }

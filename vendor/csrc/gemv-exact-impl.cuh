@@ -42,6 +42,7 @@
 #include "bulk-copy.cuh"
 #include "gemv-impl.cuh"
 #include "moe-ffn-tail.cuh"
+#include "warp-reduce.cuh"
 
 #include <cfloat>
 
@@ -199,24 +200,6 @@ static __device__ __forceinline__ float exact_xd(const uint2 * xm, int b) {
     return __uint_as_float(xm[b].x);
 }
 
-// A butterfly over the warp's 32 lanes, as ggml-cuda's warp_reduce_sum adds.
-static __device__ __forceinline__ float exact_warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        v += __shfl_xor_sync(kFull, v, offset);
-    }
-    return v;
-}
-
-// The same butterfly taking the maximum, as ggml-cuda's warp_reduce_max.
-static __device__ __forceinline__ float exact_warp_max(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        v = fmaxf(v, __shfl_xor_sync(kFull, v, offset));
-    }
-    return v;
-}
-
 // A probability's place in the argmax's order as an unsigned key (any float but NaN; -0 counts as
 // +0, as the float comparison does), and back: equal keys for equal floats, so ties still go to
 // the lower expert. The routing's probabilities are +0 or more, -FLT_MAX (a NaN) or -inf (taken).
@@ -251,7 +234,7 @@ static __device__ void exact_route_warp(const exact_params & p, const float * lo
     for (int i = 0; i < EPT; ++i) {
         max_val = fmaxf(max_val, wt[i]);
     }
-    max_val   = exact_warp_max(max_val);
+    max_val   = frt_warp_max(max_val);
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < EPT; ++i) {
@@ -259,7 +242,7 @@ static __device__ void exact_route_warp(const exact_params & p, const float * lo
         wt[i]           = val;
         sum += val;
     }
-    sum                 = exact_warp_sum(sum);
+    sum                 = frt_warp_sum(sum);
     const float inv_sum = 1.0f / sum;
 #pragma unroll
     for (int i = 0; i < EPT; ++i) {
@@ -305,7 +288,7 @@ static __device__ void exact_route_warp(const exact_params & p, const float * lo
         }
     }
     if (p.route_norm) {
-        wt_sum             = exact_warp_sum(wt_sum);
+        wt_sum             = frt_warp_sum(wt_sum);
         wt_sum             = fmaxf(wt_sum, p.route_clamp);
         const float inv    = 1.0f / wt_sum;
         weight *= inv;
@@ -504,14 +487,14 @@ static __device__ __forceinline__ float exact_row_f32(const float * row, int k, 
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
         if (w < nw) {
-            const float v = exact_warp_sum(acc[w]);
+            const float v = frt_warp_sum(acc[w]);
             mine          = lane == w ? v : mine;
             if (nw == 1) {
                 return v;
             }
         }
     }
-    return exact_warp_sum(mine);
+    return frt_warp_sum(mine);
 }
 
 // The RMS norm's scale of n vectors (vector v at x + v * x_stride) as ggml-cuda's fused rms_norm +
@@ -546,13 +529,13 @@ static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int
 #pragma unroll
         for (int i = 0; i < kVirtual; ++i) {
             const int   vw  = warp + kWarps * i;
-            const float sum = exact_warp_sum(tmp[i]);
+            const float sum = frt_warp_sum(tmp[i]);
             if (vw < block / 32 && lane == 0) {
                 warp_sums[vw] = sum;
             }
         }
         __syncthreads();
-        const float sum   = exact_warp_sum(lane < block / 32 ? warp_sums[lane] : 0.0f);
+        const float sum   = frt_warp_sum(lane < block / 32 ? warp_sums[lane] : 0.0f);
         const float mean  = sum / k;
         const float scale = rsqrtf(mean + eps);
         if (threadIdx.x == 0) {
@@ -889,7 +872,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
         for (int sw = 1; sw < 4; ++sw) {
             v += 32 * sw < per_row ? part[(j * 4 + sw) * 32 + lane] : 0.0f;
         }
-        return exact_warp_sum(v);
+        return frt_warp_sum(v);
     };
     for (int j = warp; j < n; j += kExactThreads / 32) {
         const float nan = __int_as_float(0x7fffffff);  // no matrix: NaN, visibly

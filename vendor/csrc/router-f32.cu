@@ -2,21 +2,12 @@
 #include "router-f32.cuh"
 
 #include "pdl.cuh"
+#include "warp-reduce.cuh"
 
 static constexpr int      kThreads     = 256;   // mmvf's block for k >= 1024: thread t sums pairs t, t + 256, ...
 static constexpr int      kNormThreads = 1024;  // rms_norm's block for k >= 1024: thread v sums columns v, v + 1024, ...
 static constexpr int      kNormPlays   = kNormThreads / kThreads;
 static constexpr int      kMaxK        = 4096;
-static constexpr unsigned kFull        = 0xffffffffu;
-
-// ggml-cuda's warp_reduce_sum: the xor butterfly.
-static __device__ __forceinline__ float router_warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        v += __shfl_xor_sync(kFull, v, offset);
-    }
-    return v;
-}
 
 // PAIRS = k / 512: the float pairs a thread multiplies.
 template <int PAIRS>
@@ -71,13 +62,13 @@ __launch_bounds__(kThreads) static __global__ void frt_router_f32_kernel(const _
     }
 #pragma unroll
     for (int m = 0; m < kNormPlays; ++m) {
-        const float sum = router_warp_sum(tmp[m]);
+        const float sum = frt_warp_sum(tmp[m]);
         if (lane == 0) {
             warp_sums[warp + (kThreads / 32) * m] = sum;
         }
     }
     __syncthreads();
-    const float sum   = router_warp_sum(warp_sums[lane]);
+    const float sum   = frt_warp_sum(warp_sums[lane]);
     const float mean  = sum / a.k;
     const float scale = rsqrtf(mean + a.eps);
 
@@ -99,13 +90,13 @@ __launch_bounds__(kThreads) static __global__ void frt_router_f32_kernel(const _
     }
     // mmvf's reduction: each warp's butterfly, then the 8 warp sums (zeros past them) in one more.
     __shared__ float dot_sums[kThreads / 32];
-    const float      mine = router_warp_sum(acc);
+    const float      mine = frt_warp_sum(acc);
     if (lane == 0) {
         dot_sums[warp] = mine;
     }
     __syncthreads();
     if (warp == 0) {
-        const float total = router_warp_sum(lane < kThreads / 32 ? dot_sums[lane] : 0.0f);
+        const float total = frt_warp_sum(lane < kThreads / 32 ? dot_sums[lane] : 0.0f);
         if (lane == 0) {
             s.out[row] = total;
         }

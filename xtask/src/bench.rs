@@ -407,7 +407,8 @@ struct BenchResult {
     tests: Vec<TestResult>,
 }
 
-/// Result-name tags of the overlay's switches (`KEY=VALUE`; result_stem makes them file-safe).
+/// The overlay's switches as `KEY=VALUE` (result names, where result_stem makes them file-safe,
+/// and the profile's header).
 pub fn switch_tags(switches: &[(String, String)]) -> impl Iterator<Item = String> + '_ {
     switches.iter().map(|(k, v)| format!("{k}={v}"))
 }

@@ -537,10 +537,8 @@ pub fn markdown(p: &Profile) -> String {
         p.command
     );
     if !p.switches.is_empty() {
-        let list: Vec<String> = p
-            .switches
-            .iter()
-            .map(|(k, v)| format!("`{k}={v}`"))
+        let list: Vec<String> = bench::switch_tags(&p.switches)
+            .map(|tag| format!("`{tag}`"))
             .collect();
         let _ = writeln!(
             out,
