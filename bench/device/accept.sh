@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The acceptance evidence that is not a bench, in one device call (~10 min cold), for sessions
+# whose device time allows one call: the build with the carried vendor tests beside it (and
+# gemv-bench's GEMV_AFTER shapes, as ab.sh check runs them), cargo xtask profile of the default
+# (stock against the overlay), the full test-backend-ops suite with every window forced on, then
+# 40-layer parity while time is left. Each step is packed as it ends (all.tgz), so a call cut off
+# at its limit still returns what it had.
+# Usage (device, repository root): [GEMV_AFTER=NAME GEMV_AFTER_SHAPES=...] bench/device/accept.sh
+# Needs .xtask/device/ carried (bench/README.md).
+set -uo pipefail
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+. bench/device/lib.sh
+device_setup accept || exit 1
+start=$(date +%s)
+bin=.xtask/build/llama.cpp-flashrt-sm90a/bin
+model=/tmp/models/qwen36.gguf
+
+# 1. ab.sh check without the FlashRT cases and the bench: the build, the vendor tests, gemv-bench.
+OUT=$out/check CASES=0 BENCH=0 TESTS_WITH= timeout 360 bash bench/device/ab.sh check > "$out/check.log" 2>&1
+cat "$out/check/summary.txt" >> "$out/summary.txt" 2>/dev/null
+[ -x "$bin/llama-bench" ] || { say "no build: see check.log"; archive_out accept; exit 1; }
+[ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1
+archive_out accept
+
+# 2. The profile of the default against stock.
+"$xtask" profile --model "$model" --arch 90a > "$out/profile.log" 2>&1
+results=$(results_dir "$out/profile.log")
+[ -n "$results" ] && tar -czf "$out/profile.tgz" -C "$(dirname "$results")" "$(basename "$results")"
+say "profile: $(grep -E 'kernels per step|GPU busy|quantize_q8_1' "$out/profile.log" | tr -s ' ' | tr '\n' ' ')"
+say "profile: $(( $(date +%s) - start )) s"
+archive_out accept
+
+# 3. The full test-backend-ops suite, every window forced on (its FlashRT cases first).
+timeout 200 "$xtask" test-backend-ops --arch 90a --full -j 16 > "$out/tbo-full.txt" 2>&1
+say "test-backend-ops --full (rc $?): $(grep -E 'tests passed|FAIL' "$out/tbo-full.txt" | head -5 | tr '\n' ' ')"
+log=$(sed -n 's/^full log: //p' "$out/tbo-full.txt")
+[ -n "$log" ] && [ -f "$log" ] && grep -vE ' OK$|^ *$' "$log" | gzip > "$out/tbo-full-not-ok.txt.gz"
+say "tbo: $(( $(date +%s) - start )) s"
+archive_out accept
+
+# 4. 40-layer parity with what is left of the call.
+left=$(( 585 - ($(date +%s) - start) ))
+if [ "$left" -gt 60 ]; then
+    timeout "$left" "$xtask" parity --model "$model" --arch 90a > "$out/parity-qwen36.log" 2>&1
+    say "parity qwen36 (rc $?): $(grep -E '^\| overlay vs stock' "$out/parity-qwen36.log") $(tail -1 "$out/parity-qwen36.log")"
+fi
+archive_out accept
+find "$out" -mindepth 1 ! -name all.tgz ! -name summary.txt -delete
+echo; cat "$out/summary.txt"
