@@ -5,7 +5,8 @@
 # (stock against the overlay), the full test-backend-ops suite with every window forced on, then
 # 40-layer parity while time is left. Each step is packed as it ends (all.tgz), so a call cut off
 # at its limit still returns what it had.
-# Usage (device, repository root): [GEMV_AFTER=NAME GEMV_AFTER_SHAPES=...] bench/device/accept.sh
+# LIMIT: the call's seconds (585 by default): parity gets what is left of them.
+# Usage (device, repository root): [LIMIT=S] [GEMV_AFTER=NAME GEMV_AFTER_SHAPES=...] bench/device/accept.sh
 # Needs .xtask/device/ carried (bench/README.md).
 set -uo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -31,7 +32,7 @@ say "profile: $(( $(date +%s) - start )) s"
 archive_out accept
 
 # 3. The full test-backend-ops suite, every window forced on (its FlashRT cases first).
-timeout 200 "$xtask" test-backend-ops --arch 90a --full -j 16 > "$out/tbo-full.txt" 2>&1
+timeout $(( ${LIMIT:-585} - ($(date +%s) - start) - 15 )) "$xtask" test-backend-ops --arch 90a --full -j 16 > "$out/tbo-full.txt" 2>&1
 say "test-backend-ops --full (rc $?): $(grep -E 'tests passed|FAIL' "$out/tbo-full.txt" | head -5 | tr '\n' ' ')"
 log=$(sed -n 's/^full log: //p' "$out/tbo-full.txt")
 [ -n "$log" ] && [ -f "$log" ] && grep -vE ' OK$|^ *$' "$log" | gzip > "$out/tbo-full-not-ok.txt.gz"
@@ -39,7 +40,7 @@ say "tbo: $(( $(date +%s) - start )) s"
 archive_out accept
 
 # 4. 40-layer parity with what is left of the call.
-left=$(( 585 - ($(date +%s) - start) ))
+left=$(( ${LIMIT:-585} - ($(date +%s) - start) ))
 if [ "$left" -gt 60 ]; then
     timeout "$left" "$xtask" parity --model "$model" --arch 90a > "$out/parity-qwen36.log" 2>&1
     say "parity qwen36 (rc $?): $(grep -E '^\| overlay vs stock' "$out/parity-qwen36.log") $(tail -1 "$out/parity-qwen36.log")"
