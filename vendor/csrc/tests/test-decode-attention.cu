@@ -22,14 +22,7 @@
 #include <random>
 #include <vector>
 
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        const cudaError_t err_ = (call);                                                           \
-        if (err_ != cudaSuccess) {                                                                 \
-            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, __LINE__); \
-            std::exit(2);                                                                          \
-        }                                                                                          \
-    } while (0)
+#include "tests/cuda-check.cuh"
 
 // Where a gated case writes its output: apart, or in place over Q or over the gate, element for
 // element (as the allocator may place the gate's MUL; the header says why that is safe).

@@ -11,14 +11,7 @@
 #include <random>
 #include <vector>
 
-#define CHECK(call)                                                                             \
-    do {                                                                                        \
-        const cudaError_t err_ = (call);                                                        \
-        if (err_ != cudaSuccess) {                                                              \
-            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, __LINE__); \
-            std::exit(2);                                                                       \
-        }                                                                                       \
-    } while (0)
+#include "tests/cuda-check.cuh"
 
 static float * upload(const std::vector<float> & v) {
     float * d;
