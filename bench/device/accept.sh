@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The acceptance evidence that is not a bench, in one device call (~10 min cold), for sessions
 # whose device time allows one call: the build with the carried vendor tests beside it (and
-# gemv-bench's GEMV_AFTER shapes, as ab.sh check runs them), cargo xtask profile of the default
-# (stock against the overlay), the full test-backend-ops suite with every window forced on, then
-# 40-layer parity while time is left. Each step is packed as it ends (all.tgz), so a call cut off
-# at its limit still returns what it had.
+# gemv-bench's GEMV_AFTER shapes, as ab.sh check runs them), the full test-backend-ops suite with
+# every window forced on (at most TBO_LIMIT seconds, 200 by default), cargo xtask profile of the
+# default (stock against the overlay), then 40-layer parity while time is left. Each step is
+# packed as it ends (all.tgz), so a call cut off at its limit still returns what it had.
 # LIMIT: the call's seconds (585 by default): parity gets what is left of them.
 # Usage (device, repository root): [LIMIT=S] [GEMV_AFTER=NAME GEMV_AFTER_SHAPES=...] bench/device/accept.sh
 # Needs .xtask/device/ carried (bench/README.md).
@@ -23,20 +23,20 @@ cat "$out/check/summary.txt" >> "$out/summary.txt" 2>/dev/null
 [ -f "$model" ] || "$xtask" synth --preset qwen36-35b-a3b --out "$model" > "$out/synth.log" 2>&1
 archive_out accept
 
-# 2. The profile of the default against stock.
+# 2. The full test-backend-ops suite, every window forced on (its FlashRT cases first).
+timeout "${TBO_LIMIT:-200}" "$xtask" test-backend-ops --arch 90a --full -j 16 > "$out/tbo-full.txt" 2>&1
+say "test-backend-ops --full (rc $?): $(grep -E 'tests passed|FAIL' "$out/tbo-full.txt" | head -5 | tr '\n' ' ')"
+log=$(sed -n 's/^full log: //p' "$out/tbo-full.txt")
+[ -n "$log" ] && [ -f "$log" ] && grep -vE ' OK$|^ *$' "$log" | gzip > "$out/tbo-full-not-ok.txt.gz"
+say "tbo: $(( $(date +%s) - start )) s"
+archive_out accept
+
+# 3. The profile of the default against stock.
 "$xtask" profile --model "$model" --arch 90a > "$out/profile.log" 2>&1
 results=$(results_dir "$out/profile.log")
 [ -n "$results" ] && tar -czf "$out/profile.tgz" -C "$(dirname "$results")" "$(basename "$results")"
 say "profile: $(grep -E 'kernels per step|GPU busy|quantize_q8_1' "$out/profile.log" | tr -s ' ' | tr '\n' ' ')"
 say "profile: $(( $(date +%s) - start )) s"
-archive_out accept
-
-# 3. The full test-backend-ops suite, every window forced on (its FlashRT cases first).
-timeout $(( ${LIMIT:-585} - ($(date +%s) - start) - 15 )) "$xtask" test-backend-ops --arch 90a --full -j 16 > "$out/tbo-full.txt" 2>&1
-say "test-backend-ops --full (rc $?): $(grep -E 'tests passed|FAIL' "$out/tbo-full.txt" | head -5 | tr '\n' ' ')"
-log=$(sed -n 's/^full log: //p' "$out/tbo-full.txt")
-[ -n "$log" ] && [ -f "$log" ] && grep -vE ' OK$|^ *$' "$log" | gzip > "$out/tbo-full-not-ok.txt.gz"
-say "tbo: $(( $(date +%s) - start )) s"
 archive_out accept
 
 # 4. 40-layer parity with what is left of the call.
