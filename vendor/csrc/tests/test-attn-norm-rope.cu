@@ -16,7 +16,7 @@
 #include <random>
 #include <vector>
 
-#include "tests/cuda-check.cuh"
+#include "tests/test-device.cuh"
 
 struct rope_case {
     const char * name;

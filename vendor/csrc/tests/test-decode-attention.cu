@@ -22,7 +22,7 @@
 #include <random>
 #include <vector>
 
-#include "tests/cuda-check.cuh"
+#include "tests/test-device.cuh"
 
 // Where a gated case writes its output: apart, or in place over Q or over the gate, element for
 // element (as the allocator may place the gate's MUL; the header says why that is safe).

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "tests/cuda-check.cuh"
+#include "tests/test-device.cuh"
 
 static float * upload(const std::vector<float> & v) {
     float * d;

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "tests/cuda-check.cuh"
+#include "tests/test-device.cuh"
 
 struct shape {
     int ncols, nrows, nchannels, nsamples;

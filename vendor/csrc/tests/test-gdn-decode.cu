@@ -20,7 +20,7 @@
 #include <random>
 #include <vector>
 
-#include "tests/cuda-check.cuh"
+#include "tests/test-device.cuh"
 
 constexpr int D = FRT_GDN_HEAD_DIM;
 
@@ -30,19 +30,6 @@ struct gdn_case {
     bool shared_source;  // every sequence reads row dst_row (after a sequence copy)
     bool other_row;      // every sequence reads the last row, a bystander (a copy from outside)
 };
-
-template <typename T> static T * upload(const std::vector<T> & v) {
-    T * d = nullptr;
-    CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
-    CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-
-template <typename T> static std::vector<T> download(const T * d, size_t n) {
-    std::vector<T> v(n);
-    CHECK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-}
 
 static double silu(double x) { return x / (1.0 + std::exp(-x)); }
 

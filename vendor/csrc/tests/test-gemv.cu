@@ -28,11 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "tests/cuda-check.cuh"
+#include "tests/test-device.cuh"
 
 namespace {
-
-constexpr uint32_t kPoison = 0xffffffffu;  // a NaN
 
 struct seg_case {
     frt_gemv_type type;            // as stored in the GGUF (F32/F16/BF16, Q4_K, Q5_K, Q6_K, Q8_0)
@@ -54,24 +52,6 @@ struct test_case {
     bool                  bad_id      = false;  // one slot's id out of range: its rows must be NaN
     bool                  keep_normed = false;  // norm: the normed vectors written too (x_normed)
 };
-
-template <typename T> T * upload(const std::vector<T> & v) {
-    T * d = nullptr;
-    CHECK(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * sizeof(T)));
-    CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-
-// n floats on the device, every one the poison NaN: what a kernel leaves unwritten shows.
-float * upload_poisoned(size_t n) {
-    return (float *) upload(std::vector<uint32_t>(n, kPoison));
-}
-
-template <typename T> std::vector<T> download(const T * d, size_t n) {
-    std::vector<T> v(n);
-    CHECK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-}
 
 struct segment_data {
     std::vector<uint8_t> weights;   // GGUF bytes: n_matrices x rows x row_bytes

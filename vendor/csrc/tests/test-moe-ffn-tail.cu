@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "tests/cuda-check.cuh"
+#include "tests/test-device.cuh"
 
 enum class out_at { own, residual, first_slot };
 

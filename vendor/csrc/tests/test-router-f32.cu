@@ -24,28 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "tests/cuda-check.cuh"
+#include "tests/test-device.cuh"
 
 namespace {
-
-constexpr uint32_t kPoison = 0xffffffffu;  // a NaN
-
-template <typename T> T * upload(const std::vector<T> & v) {
-    T * d = nullptr;
-    CHECK(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * sizeof(T)));
-    CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-
-float * poisoned(size_t n) {
-    return (float *) upload(std::vector<uint32_t>(n, kPoison));
-}
-
-std::vector<float> download(const float * d, size_t n) {
-    std::vector<float> v(n);
-    CHECK(cudaMemcpy(v.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
-    return v;
-}
 
 uint32_t bits(float v) {
     uint32_t b;
@@ -89,7 +70,7 @@ bool run_case(const router_case & rc, std::mt19937_64 & rng) {
         v = gain(rng);
     }
     float * d_x_src = upload(x);
-    float * d_x     = rc.late_x ? poisoned(k) : upload(x);
+    float * d_x     = rc.late_x ? upload_poisoned(k) : upload(x);
     float * d_norm  = upload(norm);
     // The router reads the rows `stride` floats apart (poison in the padding); the exact kernel
     // takes contiguous rows only, so it reads a contiguous copy of the same values.
@@ -108,11 +89,11 @@ bool run_case(const router_case & rc, std::mt19937_64 & rng) {
         }
         d_w[i]        = upload(padded);
         d_w_exact[i]  = upload(w[i]);
-        out_exact[i]  = poisoned(rc.rows[i]);
-        out_router[i] = poisoned(rc.rows[i]);
+        out_exact[i]  = upload_poisoned(rc.rows[i]);
+        out_router[i] = upload_poisoned(rc.rows[i]);
     }
-    float * normed_exact  = rc.normed ? poisoned(k) : nullptr;
-    float * normed_router = rc.normed ? poisoned(k) : nullptr;
+    float * normed_exact  = rc.normed ? upload_poisoned(k) : nullptr;
+    float * normed_router = rc.normed ? upload_poisoned(k) : nullptr;
 
     frt_gemv_args g{};
     g.x               = d_x_src;  // the exact kernel reads x as written; the router reads d_x (late or not)
