@@ -26,8 +26,9 @@ archive_out accept
 # 2. The full test-backend-ops suite, every window forced on (its FlashRT cases first).
 timeout "${TBO_LIMIT:-200}" "$xtask" test-backend-ops --arch 90a --full -j 16 > "$out/tbo-full.txt" 2>&1
 say "test-backend-ops --full (rc $?): $(grep -E 'tests passed|FAIL' "$out/tbo-full.txt" | head -5 | tr '\n' ' ')"
-log=$(sed -n 's/^full log: //p' "$out/tbo-full.txt")
-[ -n "$log" ] && [ -f "$log" ] && grep -vE ' OK$|^ *$' "$log" | gzip > "$out/tbo-full-not-ok.txt.gz"
+# Every case's line is in the build's log (passed or not): the lines that are not a pass, kept.
+log=${bin%/bin}/test-backend-ops.log
+[ -f "$log" ] && sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -vE 'OK$|^ *$' | gzip > "$out/tbo-full-not-ok.txt.gz"
 say "tbo: $(( $(date +%s) - start )) s"
 archive_out accept
 
