@@ -47,5 +47,6 @@ if [ "$left" -gt 60 ]; then
     say "parity qwen36 (rc $?): $(grep -E '^\| overlay vs stock' "$out/parity-qwen36.log") $(tail -1 "$out/parity-qwen36.log")"
 fi
 archive_out accept
+rm -rf "$out/check"  # inside all.tgz
 find "$out" -mindepth 1 ! -name all.tgz ! -name summary.txt -delete
 echo; cat "$out/summary.txt"
