@@ -39,7 +39,7 @@ if [ "${VENDOR:-1}" = 1 ]; then
     objects=.xtask/vendor-objects
     mkdir -p "$objects"
     flags=(-std=c++17 -O3 -arch=sm_90a -I "$root/vendor/csrc" -I "$root/bench/tools")
-    newest_header=$(stat -c %Y vendor/csrc/*.cuh bench/tools/*.cuh | sort -n | tail -1)
+    newest_header=$(stat -c %Y vendor/csrc/*.cuh vendor/csrc/tests/*.cuh bench/tools/*.cuh | sort -n | tail -1)
     sources=(vendor/csrc/*.cu vendor/csrc/tests/*.cu bench/tools/gemv-bench.cu bench/tools/tail-bench.cu)
     echo "==> vendor objects for sm_90a (${#sources[@]} files, $jobs at a time)"
     stale=()

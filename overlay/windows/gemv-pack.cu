@@ -789,6 +789,16 @@ static bool norm_handoff_enabled() {
     return enabled;
 }
 
+// With GGML_FLASHRT_ROUTER_HANDOFF=1 (an experiment until measured in decode): a launch on the
+// router kernel (ROUTER: the FFN norm, the router and the shared expert's gate vector) also writes
+// the normed x it keeps as the image the next launch reads (frt_gemv_args::x_normed_q8), and hands
+// it to the experts' gate/up launch, which then copies it instead of reading and quantizing the
+// normed x after its wait (the handoffs' gain on INPROJ and ATTNQKV: ~3.3 µs a launch).
+static bool router_handoff_enabled() {
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ROUTER_HANDOFF", false);
+    return enabled;
+}
+
 // The last handoff of this thread's node loop: which vector of which evaluation its image holds
 // (x: the vector's memory; norm: the node of the norm it went through, or -1).
 struct handoff_note_t {
@@ -877,7 +887,16 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
             tail_apart = true;
         }
     }
+    if (kernel == FRT_GEMV_KERNEL_EXACT && router_handoff_enabled() && a.x_normed != nullptr) {
+        a.x_normed_q8 = flashrt_counters_of(ctx, flashrt_counter_use::handoff);  // none unless prepared
+        if (a.x_normed_q8 != nullptr && frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {
+            a.x_normed_q8 = nullptr;  // not a launch on the router kernel
+        }
+    }
     FLASHRT_CHECK(window, frt_gemv(a, ctx.stream(), kernel));
+    if (a.x_normed_q8 != nullptr) {
+        flashrt_gemv_hand_off(ctx, cgraph, -1, a.x_normed, a.x_normed_q8);
+    }
     if (tail_apart) {
         flashrt_run_moe_tail_at(ctx, cgraph, pack.tail, false);
     }
@@ -896,11 +915,11 @@ void flashrt_gemv_run_there(ggml_backend_cuda_context & ctx, const ggml_cgraph *
 
 void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
                                const flashrt_gemv_pack & pack) {
-    if (pack.tail >= 0) {
-        flashrt_counters_prepare(ctx);  // without them the tail runs in its own kernel
-    }
     frt_gemv_args a;
     fill_args(cgraph, pack, a);
+    if (pack.tail >= 0 || (router_handoff_enabled() && a.x_normed != nullptr)) {
+        flashrt_counters_prepare(ctx);  // without them the tail runs in its own kernel, the router hands nothing off
+    }
     if (a.n_segments > 0 && pack_kernel(cgraph, pack, a) == FRT_GEMV_KERNEL_EXACT) {
         return;  // it reads the GGUF layouts
     }

@@ -551,9 +551,11 @@ static __device__ void exact_norm_scales(const float * x0, int64_t x_stride, int
 // (block 0 writes them all).
 // Returns where vec is among the vectors in shared memory.
 // X_Q8: the instance takes x_q8 (not the SwiGLU one: its code there made ptxas spill 72 bytes).
-template <bool TRACE, bool X_Q8>
+// IMAGE: the instance takes x_q8 only (the SwiGLU launches handed an image: an instance of their
+// own, so that the plain SwiGLU one keeps its registers).
+template <bool TRACE, bool X_Q8, bool IMAGE = false>
 static __device__ int exact_prologue(const exact_params & p, int vec, uint8_t * smem, const float * own_x) {
-    if (X_Q8 && p.x_q8 != nullptr) {
+    if (IMAGE || (X_Q8 && p.x_q8 != nullptr)) {
         // The image lies as the prologue would write it (one vector: xq, then xm at smem_xm = k):
         // one 16-byte load a thread, from L2 (the kernel before wrote it).
         const int4 * image = (const int4 *) p.x_q8;
@@ -776,8 +778,8 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // The block's rows [row0, row0 + n) of a quantized matrix (slot `slot`). STAGED: the rows are
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
-// read from global memory where it is used.
-template <int TYPE, bool STAGED, bool GLU, bool TRACE>
+// read from global memory where it is used. IMAGE: x is the launch's x_q8 (exact_prologue).
+template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool IMAGE>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
                                   uint8_t * smem) {
     using item        = exact_item<TYPE>;
@@ -804,7 +806,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     });
     exact_trace_mark<TRACE>(kMarkIssued);
     exact_prefetch_later(p);
-    const int at = exact_prologue<TRACE, !GLU>(p, vec, smem, s.x);
+    const int at = exact_prologue<TRACE, !GLU, IMAGE>(p, vec, smem, s.x);
     exact_trace_mark<TRACE>(kMarkPrologue);
     const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
     const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
@@ -971,8 +973,9 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
 
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
-// own instance too: the tail's code made ptxas spill in the plain one).
-template <bool GLU, bool TAIL = false, bool TRACE = false>
+// own instance too: the tail's code made ptxas spill in the plain one). IMAGE (with GLU): x is the
+// launch's x_q8.
+template <bool GLU, bool TAIL = false, bool TRACE = false, bool IMAGE = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -987,16 +990,16 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
     const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem);
             break;
         default:
             s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, slot, row0, n, vec, smem)

@@ -71,6 +71,7 @@ static bool exact_as_router_f32(const frt_gemv_args & a, frt_router_f32_args & r
     r.eps        = a.eps;
     r.k          = a.k;
     r.x_normed   = a.x_normed;
+    r.x_q8       = a.x_normed_q8;
     r.n_segments = a.n_segments;
     for (int i = 0; i < a.n_segments; ++i) {
         const frt_gemv_segment & s = a.seg[i];
@@ -81,6 +82,11 @@ static bool exact_as_router_f32(const frt_gemv_args & a, frt_router_f32_args & r
         r.seg[i] = { (const float *) s.w, s.rows, s.row_stride / (int64_t) sizeof(float), s.out };
     }
     return frt_router_f32_unsupported(r) == nullptr;
+}
+
+bool frt_gemv_exact_on_router(const frt_gemv_args & a) {
+    frt_router_f32_args r;
+    return exact_router_f32() && exact_as_router_f32(a, r);
 }
 
 // frt_gemv_trace's ring (one a process).
@@ -159,10 +165,14 @@ cudaError_t frt_gemv_trace_records(frt_gemv_trace_record * out, int max, int * n
     return err;
 }
 
-// The plain or the SwiGLU instance (no tail), with the trace's records or without.
+// The plain or the SwiGLU instance (no tail; the SwiGLU one reading x or the launch's image), with
+// the trace's records or without.
 template <bool TRACE>
 static cudaError_t exact_launch_glu(bool glu, int device, int blocks, int smem, cudaStream_t stream,
                                     const exact_params & p) {
+    if (glu && p.x_q8 != nullptr) {
+        return exact_launch<frt_gemv_exact_kernel<true, false, TRACE, true>>(device, blocks, smem, stream, p);
+    }
     return glu ? exact_launch<frt_gemv_exact_kernel<true, false, TRACE>>(device, blocks, smem, stream, p)
                : exact_launch<frt_gemv_exact_kernel<false, false, TRACE>>(device, blocks, smem, stream, p);
 }
@@ -196,11 +206,16 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         p.trace_cursor   = r.cursor;
         p.trace_capacity = r.capacity;
     }
-    if (exact_router_f32() && p.trace == nullptr) {  // a traced launch stays here: it writes records
+    // A traced launch stays here (it writes records), unless it writes the normed x's image, which
+    // only frt_router_f32 does.
+    if (exact_router_f32() && (p.trace == nullptr || a.x_normed_q8 != nullptr)) {
         frt_router_f32_args r;
         if (exact_as_router_f32(a, r)) {
             return frt_router_f32(r, stream);
         }
+    }
+    if (a.x_normed_q8 != nullptr) {  // frt_gemv_unsupported refuses it
+        return cudaErrorInvalidValue;
     }
     p.prefetch            = a.prefetch;
     if (a.route_logits != nullptr) {

@@ -1243,6 +1243,9 @@ template <int T> static cudaError_t gemv_launch_tokens(const frt_gemv_args & a, 
 
 // The exact kernel (gemv-exact.cu): args already checked by frt_gemv_unsupported(args, EXACT).
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream);
+// Whether the launch runs on frt_router_f32 (an input norm and F32 rows only, one token, the switch
+// on): the only launch that writes the normed x's image (frt_gemv_args::x_normed_q8).
+bool frt_gemv_exact_on_router(const frt_gemv_args & a);
 // Its shared memory: the most bytes a launch needs besides staged rows (which shrink to fit), and
 // where x's scales and float copy start.
 int frt_gemv_exact_layout(const frt_gemv_args & a, int & smem_xm, int & smem_xf);

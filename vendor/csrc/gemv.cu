@@ -328,9 +328,18 @@ static const char * gemv_exact_unsupported(const frt_gemv_args & a) {
             }
         }
         for (int i = 0; i < a.n_segments; ++i) {
-            if (a.seg[i].type == FRT_GEMV_F32 || a.seg[i].epilogue == FRT_GEMV_SWIGLU) {
-                return "frt_gemv: x already quantized goes without F32 weights (they read x in float) and SwiGLU";
+            if (a.seg[i].type == FRT_GEMV_F32) {
+                return "frt_gemv: x already quantized goes without F32 weights (they read x in float)";
             }
+        }
+    }
+    if (a.x_normed_q8 != nullptr) {
+        if (a.x_normed == nullptr || a.k > FRT_X_Q8_MAX_K || (uintptr_t) a.x_normed_q8 % 16 != 0) {
+            return "frt_gemv: the normed x's image needs x_normed, k <= FRT_X_Q8_MAX_K, 16-byte alignment";
+        }
+        if (!frt_gemv_exact_on_router(a)) {
+            return "frt_gemv: only a launch on frt_router_f32 (an input norm and F32 rows, one token) writes the "
+                   "normed x's image";
         }
     }
     if (a.prefetch.n < 0 || a.prefetch.n > FRT_GEMV_MAX_PREFETCH) {
@@ -409,8 +418,8 @@ const char * frt_gemv_unsupported(const frt_gemv_args & a, frt_gemv_kernel kerne
         if (a.prefetch.n != 0 || a.prefetch.experts != nullptr) {
             return "frt_gemv: only the exact kernel prefetches later launches' weights";
         }
-        if (a.x_q8 != nullptr) {
-            return "frt_gemv: only the exact kernel takes x already quantized";
+        if (a.x_q8 != nullptr || a.x_normed_q8 != nullptr) {
+            return "frt_gemv: only the exact kernel takes x already quantized or writes its image";
         }
         for (int i = 0; i < a.n_segments; ++i) {
             if (a.seg[i].epilogue == FRT_GEMV_SWIGLU) {

@@ -177,9 +177,15 @@ struct frt_gemv_args {
     // the prologue would, with this norm and eps, when norm is set) and quantized it, and wrote the
     // image here (q8-x.cuh: k int8 values, then k / 32 scales and sums; frt_moe_tail_args::x_q8 and
     // frt_gdn_decode_args::x_q8 write it): the prologue copies it into shared memory instead of
-    // reading x. x and norm still describe the input. No x_normed, no F32 segment, no SwiGLU, no
-    // segment with its own input; k at most FRT_X_Q8_MAX_K. 16-byte aligned.
+    // reading x. x and norm still describe the input. No x_normed, no F32 segment, no segment with
+    // its own input; k at most FRT_X_Q8_MAX_K. 16-byte aligned.
     const void *  x_q8;
+    // Exact kernel only, with x_normed, for a launch that frt_router_f32 computes (a norm and F32
+    // rows only, one token; gemv-exact.cu): non-null, the normed x also quantized as the prologue
+    // quantizes it, its image written here (as x_q8 reads it), so that the next launch, which reads
+    // the normed x, copies the image instead (frt_gemv_args::x_q8). k at most FRT_X_Q8_MAX_K;
+    // 16-byte aligned, apart from every input.
+    void *        x_normed_q8;
     int           n_segments;
     frt_gemv_segment seg[FRT_GEMV_MAX_SEGMENTS];
     // Exact kernel only: non-null, the routed experts are selected in the launch from these

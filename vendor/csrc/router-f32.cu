@@ -2,6 +2,7 @@
 #include "router-f32.cuh"
 
 #include "pdl.cuh"
+#include "q8-x.cuh"
 #include "warp-reduce.cuh"
 
 static constexpr int      kThreads     = 256;   // mmvf's block for k >= 1024: thread t sums pairs t, t + 256, ...
@@ -101,6 +102,17 @@ __launch_bounds__(kThreads) static __global__ void frt_router_f32_kernel(const _
             s.out[row] = total;
         }
     }
+    if (a.x_q8 != nullptr && blockIdx.x == 0) {
+        // The normed x's image, after the block's row: chunk i (values 4i .. 4i + 3) by thread
+        // i % 256, normed as above, so a warp's 32 chunks are four whole 32-value blocks, as
+        // frt_quantize_q8_chunk takes them (k / 4 is a multiple of 128: whole warps each pass).
+        const float4 * n4 = (const float4 *) a.norm;
+        int8_t *       xq = (int8_t *) a.x_q8;
+        uint2 *        xm = (uint2 *) ((uint8_t *) a.x_q8 + a.k);
+        for (int i = t; i < a.k / 4; i += kThreads) {
+            frt_quantize_q8_chunk(frt_norm_chunk(xs[i], scale, __ldg(n4 + i)), i, lane, xq, xm);
+        }
+    }
 }
 
 static bool router_aligned16(const void * p) {
@@ -116,6 +128,9 @@ const char * frt_router_f32_unsupported(const frt_router_f32_args & a) {
     }
     if (a.x_normed != nullptr && !router_aligned16(a.x_normed)) {
         return "x_normed must be 16-byte aligned";
+    }
+    if (a.x_q8 != nullptr && (!router_aligned16(a.x_q8) || a.k > FRT_X_Q8_MAX_K)) {
+        return "x_q8 must be 16-byte aligned, k at most FRT_X_Q8_MAX_K";
     }
     if (a.n_segments < 1 || a.n_segments > FRT_ROUTER_F32_MAX_SEGMENTS) {
         return "1 to 4 segments";

@@ -28,6 +28,10 @@ struct frt_router_f32_args {
     float         eps;   // rms(x) = sqrt(mean(x^2) + eps)
     int           k;     // a multiple of 512, 1024 to 4096
     float *       x_normed;  // non-null: the normed x written here (k floats, 16-byte aligned)
+    // Non-null (with x_normed): the normed x also quantized as ggml-cuda's quantize_q8_1 quantizes
+    // it, its image written here (q8-x.cuh; frt_x_q8_bytes(k) bytes, 16-byte aligned), for the
+    // next launch's frt_gemv_args::x_q8. k at most FRT_X_Q8_MAX_K.
+    void *        x_q8;
     int           n_segments;
     frt_router_f32_segment seg[FRT_ROUTER_F32_MAX_SEGMENTS];
 };

@@ -3,8 +3,9 @@
 // (the conv columns exactly: they are copies), and that no other cache row changes; one sequence
 // both in two launches and in one (whose flags must be zero again afterwards). One sequence also
 // with the output's handoff image (frt_gdn_decode_args::x_q8, poisoned first): every 32-value block
-// within quantization of the output and its sums its values', and an exact GEMV launch from the
-// image (x pointing at NaNs) bit for bit the same launch reading the output itself. Needs a GPU:
+// within quantization of the output and its sums its values', and exact GEMV launches from the
+// image (x pointing at NaNs; plain and SwiGLU) bit for bit the same launches reading the output
+// itself (tests/test-handoff.cuh). Needs a GPU:
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
 //        vendor/csrc/tests/test-gdn-decode.cu -o test-gdn-decode && ./test-gdn-decode
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "tests/test-device.cuh"
+#include "tests/test-handoff.cuh"
 
 constexpr int D = FRT_GDN_HEAD_DIM;
 
@@ -41,57 +43,6 @@ static double rel_err(const std::vector<float> & got, const std::vector<double> 
         den = std::fmax(den, std::fabs(ref[i]));
     }
     return num / den;
-}
-
-// The handoff image of one sequence's output `out` (k values, on the device at d_out) at d_image:
-// each block's values d * q within quantization of out (d/2 and half's rounding of d), its sums
-// its values', and 64 random Q4_K rows multiplied from the image bit for bit as from out.
-static bool image_ok(const std::vector<float> & out, const float * d_out, const uint8_t * d_image, int k,
-                     std::mt19937 & rng) {
-    const std::vector<uint8_t> image = download(d_image, frt_x_q8_bytes(k));
-    bool                       ok    = true;
-    for (int b = 0; b < k / 32 && ok; ++b) {
-        float    d;
-        uint32_t sums;
-        std::memcpy(&d, image.data() + k + 8 * b, 4);
-        std::memcpy(&sums, image.data() + k + 8 * b + 4, 4);
-        double amax = 0.0;
-        int    q_sum[2] = { 0, 0 };
-        for (int j = 0; j < 32; ++j) {
-            amax = std::fmax(amax, std::fabs(out[32 * b + j]));
-            q_sum[j / 16] += (int8_t) image[32 * b + j];
-        }
-        for (int j = 0; j < 32; ++j) {
-            ok &= std::fabs((double) d * (int8_t) image[32 * b + j] - out[32 * b + j]) <= 0.6 * amax / 127.0 + 1e-6 * amax;
-        }
-        ok &= (int16_t) (sums & 0xffff) == q_sum[0] && (int16_t) (sums >> 16) == q_sum[1];
-    }
-    const int            rows      = 64;
-    const int64_t        row_bytes = gemv_ref::gguf_row_bytes(FRT_GEMV_Q4_K, k);
-    std::vector<uint8_t> w(rows * row_bytes);
-    std::mt19937_64      rng64(rng());
-    for (int r = 0; r < rows; ++r) {
-        gemv_ref::random_row(FRT_GEMV_Q4_K, k, w.data() + r * row_bytes, rng64);
-    }
-    uint8_t * dw  = upload(w);
-    float *   nan = upload(std::vector<float>(k, NAN));
-    float *   y[2] = { upload(std::vector<float>(rows, NAN)), upload(std::vector<float>(rows, NAN)) };
-    for (int handed = 0; handed < 2; ++handed) {
-        frt_gemv_args a{};
-        a.x = handed ? nan : d_out, a.x_stride = k, a.k = k, a.tokens = 1, a.x_per_token = 1;
-        a.x_q8 = handed ? d_image : nullptr;
-        a.n_segments = 1;
-        a.seg[0].type = FRT_GEMV_Q4_K, a.seg[0].w = dw, a.seg[0].rows = rows, a.seg[0].row_stride = row_bytes;
-        a.seg[0].out = y[handed];
-        CHECK(frt_gemv(a, 0, FRT_GEMV_KERNEL_EXACT));
-    }
-    CHECK(cudaDeviceSynchronize());
-    const std::vector<float> plain = download(y[0], rows), handed = download(y[1], rows);
-    ok &= std::isfinite(plain[0]) && std::memcmp(plain.data(), handed.data(), rows * sizeof(float)) == 0;
-    for (void * p : { (void *) dw, (void *) nan, (void *) y[0], (void *) y[1] }) {
-        CHECK(cudaFree(p));
-    }
-    return ok;
 }
 
 // `flags`: the one-launch path (one sequence), else the two launches. `image`: with the handoff
@@ -208,7 +159,8 @@ static int run_case(const gdn_case & tc, bool flags, bool image, std::mt19937 & 
         for (int64_t i = 0; i < conv_row; ++i) bystanders &= conv_after[row * conv_row + i] == conv[row * conv_row + i];
         for (int64_t i = 0; i < ssm_row; ++i) bystanders &= ssm_after[row * ssm_row + i] == ssm[row * ssm_row + i];
     }
-    const bool image_right = !image || image_ok(out, dout, dimage, H_v * D, rng);
+    std::mt19937_64 rng64(rng());
+    const bool      image_right = !image || handoff_image_ok(out, dout, dimage, H_v * D, rng64);
     // float32 sums of 128 products against float64: ~1e-6 normwise; 1e-4 leaves room for any draw.
     const bool ok = err_out < 1e-4 && err_ssm < 1e-4 && conv_exact && bystanders && flags_zero && image_right;
     std::printf("%s %-46s %-12s out %.2e  state %.2e  conv %s  other rows %s%s%s\n", ok ? "ok  " : "FAIL", tc.name,

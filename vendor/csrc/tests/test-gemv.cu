@@ -1542,7 +1542,34 @@ bool run_handoff_refusals() {
     b = a, b.seg[0].type = FRT_GEMV_F32, b.seg[0].row_stride = 2048 * sizeof(float);
     gemv_refuses("with F32 weights", b, FRT_GEMV_KERNEL_EXACT);
     b = a, b.seg[0].epilogue = FRT_GEMV_SWIGLU, b.seg[0].w_gate = dummy;
-    gemv_refuses("with the SwiGLU epilogue", b, FRT_GEMV_KERNEL_EXACT);
+    if (const char * why = frt_gemv_unsupported(b, FRT_GEMV_KERNEL_EXACT)) {
+        std::printf("     handoff: a SwiGLU launch refused: %s\n", why);
+        ok = false;
+    }
+    // The normed x's image as an output: only a launch on the router kernel writes it.
+    frt_gemv_args r{};
+    r.x = dummy, r.x_stride = 2048, r.k = 2048, r.tokens = 1, r.x_per_token = 1, r.norm = dummy;
+    r.x_normed = dummy + 4096, r.x_normed_stride = 2048, r.x_normed_q8 = dummy + 8192;
+    r.n_segments = 1;
+    r.seg[0].type = FRT_GEMV_F32, r.seg[0].w = dummy, r.seg[0].rows = 4, r.seg[0].row_stride = 2048 * sizeof(float);
+    r.seg[0].out = dummy + 32;
+    if (const char * why = frt_gemv_unsupported(r, FRT_GEMV_KERNEL_EXACT)) {
+        std::printf("     handoff: a router launch writing the image refused: %s\n", why);
+        ok = false;
+    }
+    const auto image_refused = [&](const char * what, const frt_gemv_args & c, frt_gemv_kernel kernel) {
+        if (frt_gemv_unsupported(c, kernel) == nullptr) {
+            std::printf("     handoff: frt_gemv took x_normed_q8 %s\n", what);
+            ok = false;
+        }
+    };
+    image_refused("with the register kernel", r, FRT_GEMV_KERNEL_REGISTERS);
+    b = r, b.x_normed = nullptr;
+    image_refused("without x_normed", b, FRT_GEMV_KERNEL_EXACT);
+    b = r, b.x_normed_q8 = dummy + 8193;
+    image_refused("misaligned", b, FRT_GEMV_KERNEL_EXACT);
+    b = a, b.x_q8 = nullptr, b.x_normed = dummy + 4096, b.x_normed_stride = 2048, b.x_normed_q8 = dummy + 8192;
+    image_refused("on Q4_K rows (not the router kernel)", b, FRT_GEMV_KERNEL_EXACT);
     std::printf("%-4s %-34s\n", ok ? "ok" : "FAIL", "norm handoff refusals");
     return ok;
 }

@@ -6,7 +6,10 @@
 // qwen36's router with the shared expert's gate vector, k of 1024 to 4096 (1536 and 3072: the
 // norm's last pass partial), padded rows, three segments; x written by a kernel still running
 // when the launch starts (programmatic dependent launch: the wait must come before x is read);
-// launches it must refuse. Needs a GPU:
+// the normed x's image for the next launch (frt_router_f32_args::x_q8, poisoned first: every
+// 32-value block within quantization of the normed x, and exact GEMV launches from it, plain and
+// SwiGLU, bit for bit those reading the normed x; tests/test-handoff.cuh); launches it must
+// refuse. Needs a GPU:
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu vendor/csrc/tests/test-router-f32.cu \
 //        -o test-router-f32 && ./test-router-f32
 
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "tests/test-device.cuh"
+#include "tests/test-handoff.cuh"
 
 namespace {
 
@@ -54,6 +58,7 @@ struct router_case {
     int              pad    = 0;  // floats between rows beyond k (a multiple of 4)
     bool             normed = false;
     bool             late_x = false;  // x written by a kernel still running at the launch
+    bool             image  = false;  // with normed: the normed x's image written too (x_q8)
 };
 
 bool run_case(const router_case & rc, std::mt19937_64 & rng) {
@@ -94,6 +99,7 @@ bool run_case(const router_case & rc, std::mt19937_64 & rng) {
     }
     float * normed_exact  = rc.normed ? upload_poisoned(k) : nullptr;
     float * normed_router = rc.normed ? upload_poisoned(k) : nullptr;
+    void *  image         = rc.image ? upload(std::vector<uint8_t>(frt_x_q8_bytes(k), 0xff)) : nullptr;  // NaN scales
 
     frt_gemv_args g{};
     g.x               = d_x_src;  // the exact kernel reads x as written; the router reads d_x (late or not)
@@ -112,6 +118,7 @@ bool run_case(const router_case & rc, std::mt19937_64 & rng) {
     a.eps        = g.eps;
     a.k          = k;
     a.x_normed   = normed_router;
+    a.x_q8       = image;
     a.n_segments = n_seg;
     for (int i = 0; i < n_seg; ++i) {
         frt_gemv_segment & s = g.seg[i];
@@ -194,6 +201,10 @@ bool run_case(const router_case & rc, std::mt19937_64 & rng) {
                 break;
             }
         }
+        if (ok && rc.image && !handoff_image_ok(r, normed_router, image, k, rng)) {
+            std::printf("FAIL %s: the normed x's image\n", rc.name.c_str());
+            ok = false;
+        }
     }
     CHECK(cudaFree(d_x_src));
     CHECK(cudaFree(d_x));
@@ -206,6 +217,7 @@ bool run_case(const router_case & rc, std::mt19937_64 & rng) {
     }
     CHECK(cudaFree(normed_exact));
     CHECK(cudaFree(normed_router));
+    CHECK(cudaFree(image));
     std::printf("%s %s\n", ok ? "ok  " : "FAIL", rc.name.c_str());
     return ok;
 }
@@ -241,6 +253,11 @@ bool run_refusals() {
         frt_router_f32_args a = base(2048);
         a.norm                = nullptr;
         refusals.push_back({ "no norm", a });
+    }
+    {
+        frt_router_f32_args a = base(2048);
+        a.x_q8                = buf + 1;
+        refusals.push_back({ "the image not 16-byte aligned", a });
     }
     {
         frt_router_f32_args a = base(2048);
@@ -289,12 +306,16 @@ int main(int argc, char ** argv) {
         c.name   = "qwen36 router + shared gate, x written late";
         c.late_x = true;
         cases.push_back(c);
+        c.name  = "qwen36 router + shared gate, x written late, the normed x's image";
+        c.image = true;
+        cases.push_back(c);
     }
     cases.push_back({ "k 4096, 128 + 1 rows", 4096, { 128, 1 } });
     {
-        router_case c{ "k 1536 (last norm pass partial), padded rows, normed", 1536, { 64 } };
+        router_case c{ "k 1536 (last norm pass partial), padded rows, normed, the image", 1536, { 64 } };
         c.pad    = 4;
         c.normed = true;
+        c.image  = true;
         cases.push_back(c);
     }
     cases.push_back({ "k 1024, three segments", 1024, { 32, 3, 5 } });
