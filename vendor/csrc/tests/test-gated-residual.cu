@@ -13,13 +13,6 @@
 
 #include "tests/test-device.cuh"
 
-static float * upload(const std::vector<float> & v) {
-    float * d;
-    CHECK(cudaMalloc(&d, v.size() * sizeof(float)));
-    CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
-    return d;
-}
-
 static int run_case(int n, int tokens, int pad, bool residual, bool in_place, std::mt19937 & rng) {
     const int64_t stride = n + pad;
     std::normal_distribution<float> dist(0.0f, 1.0f);
