@@ -2,6 +2,7 @@
 #include "counters.cuh"
 #include "fa4.cuh"
 #include "diagnostics.cuh"
+#include "graph-signature.h"
 #include "registry.cuh"
 #include "repack.cuh"
 #include "windows/attn-decode.cuh"
@@ -199,42 +200,9 @@ struct flashrt_pending_window {
     flashrt_match        match;
 };
 
-// What identifies a graph for the windows: every node, its op, type, parameters, shape, strides,
-// flags and memory, and its sources and theirs. The predicates read no more than that, so the same
-// signature finds the same windows. FNV-1a in four independent lanes: under a server's load the hook
-// hashes every graph it evaluates (~2000 nodes), and one multiply chain is four times as long.
+// The graph's identity for the match cache and the prepared graphs (graph-signature.h).
 static uint64_t graph_signature(const ggml_cgraph * cgraph) {
-    constexpr uint64_t prime = 1099511628211ull;
-    uint64_t           lane[4] = { 1469598103934665603ull, 0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full,
-                                   0x165667b19e3779f9ull };
-    const auto mix4 = [&lane](uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-        lane[0] = (lane[0] ^ a) * prime;
-        lane[1] = (lane[1] ^ b) * prime;
-        lane[2] = (lane[2] ^ c) * prime;
-        lane[3] = (lane[3] ^ d) * prime;
-    };
-    mix4((uint64_t) cgraph->n_nodes, 0, 0, 0);
-    for (int i = 0; i < cgraph->n_nodes; ++i) {
-        const ggml_tensor * t = cgraph->nodes[i];
-        mix4((uint64_t) (uintptr_t) t, (uint64_t) t->op | (uint64_t) t->type << 16 | (uint64_t) t->flags << 32,
-             (uint64_t) (uintptr_t) t->data, (uint64_t) t->view_offs);
-        for (int d = 0; d < GGML_MAX_DIMS; d += 2) {
-            mix4((uint64_t) t->ne[d], (uint64_t) t->nb[d], (uint64_t) t->ne[d + 1], (uint64_t) t->nb[d + 1]);
-        }
-        mix4((uint64_t) (uint32_t) t->op_params[0], (uint64_t) (uint32_t) t->op_params[1],
-             (uint64_t) (uint32_t) t->op_params[2], (uint64_t) (uint32_t) t->op_params[3]);
-        for (int j = 0; j < GGML_MAX_SRC; j += 2) {
-            const ggml_tensor * a = t->src[j];
-            const ggml_tensor * b = t->src[j + 1];
-            mix4((uint64_t) (uintptr_t) a, (uint64_t) (uintptr_t) (a != nullptr ? a->data : nullptr),
-                 (uint64_t) (uintptr_t) b, (uint64_t) (uintptr_t) (b != nullptr ? b->data : nullptr));
-        }
-    }
-    uint64_t h = lane[0];
-    for (int k = 1; k < 4; ++k) {
-        h = (h ^ (lane[k] + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2))) * prime;
-    }
-    return h;
+    return flashrt_graph_signature(cgraph->nodes, cgraph->n_nodes);
 }
 
 // How many graphs a context remembers as prepared, and a node-loop thread keeps the windows of:

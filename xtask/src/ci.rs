@@ -387,6 +387,10 @@ fn overlay_unit_tests(sh: &Shell, project: &Project) -> Result<()> {
                 overlay.join("tests/test-reorder.cpp"),
             ],
         ),
+        (
+            "test-graph-signature",
+            vec![overlay.join("tests/test-graph-signature.cpp")],
+        ),
     ];
     for (name, sources) in tests {
         let exe = scratch.path().join(name);
