@@ -31,6 +31,19 @@ __launch_bounds__(kThreads) static __global__ void frt_router_f32_kernel(const _
         w[j]  = __ldg(w2 + t + kThreads * j);
         nw[j] = __ldg(n2 + t + kThreads * j);
     }
+    // The normed x the launch keeps (x_normed, and its q8 image x_q8) in groups of 32 chunks of 4
+    // values (a warp's pass: four whole 32-value blocks, as frt_quantize_q8_chunk takes them),
+    // group g by warp 0 of block g (and g + gridDim.x, ...): a warp's pass in each of k / 128
+    // blocks, after its row, rather than every pass in block 0, which then ended the launch later.
+    // The group's norm weights before the wait, as the row's, parked in shared memory (held in
+    // registers to the end, they spilled at k = 2048).
+    const float4 *   n4     = (const float4 *) a.norm;
+    const int        groups = a.k / 128;
+    const bool       keeps  = (a.x_normed != nullptr || a.x_q8 != nullptr) && warp == 0 && (int) blockIdx.x < groups;
+    __shared__ float4 nw_group[32];
+    if (keeps) {
+        nw_group[lane] = __ldg(n4 + 32 * blockIdx.x + lane);
+    }
     frt_pdl_wait();
 
     extern __shared__ float4 xs[];  // k floats
@@ -73,19 +86,14 @@ __launch_bounds__(kThreads) static __global__ void frt_router_f32_kernel(const _
     const float mean  = sum / a.k;
     const float scale = rsqrtf(mean + a.eps);
 
-    // The normed value as stock forms it (x * scale * w, frt_norm_chunk), then mmvf's thread t:
-    // its pairs in order, two products a pair.
-    const float2 * x2   = (const float2 *) xs;
-    const bool     keep = a.x_normed != nullptr && blockIdx.x == 0;
-    float          acc  = 0.0f;
+    // The normed value as stock forms it (x * scale * w, frt_norm_chunk's expression), then mmvf's
+    // thread t: its pairs in order, two products a pair.
+    const float2 * x2  = (const float2 *) xs;
+    float          acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < PAIRS; ++j) {
-        const int    c  = t + kThreads * j;
-        const float2 xv = x2[c];
+        const float2 xv = x2[t + kThreads * j];
         const float2 nx = make_float2(xv.x * scale * nw[j].x, xv.y * scale * nw[j].y);
-        if (keep) {
-            ((float2 *) a.x_normed)[c] = nx;
-        }
         acc += w[j].x * nx.x;
         acc += w[j].y * nx.y;
     }
@@ -102,15 +110,18 @@ __launch_bounds__(kThreads) static __global__ void frt_router_f32_kernel(const _
             s.out[row] = total;
         }
     }
-    if (a.x_q8 != nullptr && blockIdx.x == 0) {
-        // The normed x's image, after the block's row: chunk i (values 4i .. 4i + 3) by thread
-        // i % 256, normed as above, so a warp's 32 chunks are four whole 32-value blocks, as
-        // frt_quantize_q8_chunk takes them (k / 4 is a multiple of 128: whole warps each pass).
-        const float4 * n4 = (const float4 *) a.norm;
-        int8_t *       xq = (int8_t *) a.x_q8;
-        uint2 *        xm = (uint2 *) ((uint8_t *) a.x_q8 + a.k);
-        for (int i = t; i < a.k / 4; i += kThreads) {
-            frt_quantize_q8_chunk(frt_norm_chunk(xs[i], scale, __ldg(n4 + i)), i, lane, xq, xm);
+    if (keeps) {
+        int8_t * xq = (int8_t *) a.x_q8;
+        uint2 *  xm = (uint2 *) ((uint8_t *) a.x_q8 + a.k);
+        for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+            const int    i  = 32 * g + lane;
+            const float4 nx = frt_norm_chunk(xs[i], scale, g == (int) blockIdx.x ? nw_group[lane] : __ldg(n4 + i));
+            if (a.x_normed != nullptr) {
+                ((float4 *) a.x_normed)[i] = nx;
+            }
+            if (a.x_q8 != nullptr) {
+                frt_quantize_q8_chunk(nx, i, lane, xq, xm);
+            }
         }
     }
 }

@@ -8,7 +8,8 @@
 // when the launch starts (programmatic dependent launch: the wait must come before x is read);
 // the normed x's image for the next launch (frt_router_f32_args::x_q8, poisoned first: every
 // 32-value block within quantization of the normed x, and exact GEMV launches from it, plain and
-// SwiGLU, bit for bit those reading the normed x; tests/test-handoff.cuh); launches it must
+// SwiGLU, bit for bit those reading the normed x; tests/test-handoff.cuh), also from fewer
+// blocks than the normed x has groups of 128 values (blocks then write two); launches it must
 // refuse. Needs a GPU:
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu vendor/csrc/tests/test-router-f32.cu \
 //        -o test-router-f32 && ./test-router-f32
@@ -314,6 +315,14 @@ int main(int argc, char ** argv) {
     {
         router_case c{ "k 1536 (last norm pass partial), padded rows, normed, the image", 1536, { 64 } };
         c.pad    = 4;
+        c.normed = true;
+        c.image  = true;
+        cases.push_back(c);
+    }
+    {
+        // The normed x's 32 groups of 128 values over 23 blocks: blocks 0-8 take a second group.
+        router_case c{ "k 4096, 20 + 3 rows (fewer blocks than groups of the normed x), normed, the image", 4096,
+                       { 20, 3 } };
         c.normed = true;
         c.image  = true;
         cases.push_back(c);
