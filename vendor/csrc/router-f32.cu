@@ -112,7 +112,7 @@ __launch_bounds__(kThreads) static __global__ void frt_router_f32_kernel(const _
     }
     if (keeps) {
         int8_t * xq = (int8_t *) a.x_q8;
-        uint2 *  xm = (uint2 *) ((uint8_t *) a.x_q8 + a.k);
+        uint2 *  xm = a.x_q8 != nullptr ? (uint2 *) (xq + a.k) : nullptr;
         for (int g = blockIdx.x; g < groups; g += gridDim.x) {
             const int    i  = 32 * g + lane;
             const float4 nx = frt_norm_chunk(xs[i], scale, g == (int) blockIdx.x ? nw_group[lane] : __ldg(n4 + i));
