@@ -412,6 +412,16 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
         gdn_load_state(state, a.ssm_state + row * a.ssm_row + h * head_dim * head_dim, STREAM_STATE);
     }
     const float z = warp < 4 ? a.z[h * a.z_head + warp * 32 + lane] : 0.0f;
+    // The gates' inputs (alpha and beta from the input projection, dt_bias and A), issued with z:
+    // read where the gates are computed, behind thread 0's conv input and its conv-state stores
+    // (which may alias them), they took the block one more L2 round trip before its barrier.
+    float gate_in[4] = {};
+    if (t == 0) {
+        gate_in[0] = a.alpha[h];
+        gate_in[1] = a.dt_bias[h];
+        gate_in[2] = a.a[h];
+        gate_in[3] = a.beta[h];
+    }
 
     if (CLUSTER && writer) {
         asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -449,7 +459,7 @@ static __global__ void __launch_bounds__(1024, 1) frt_gdn_single_kernel(const fr
         }
     }
     if (t == 0) {
-        gdn_gates(a.alpha[h], a.dt_bias[h], a.a[h], a.beta[h], gates[0], gates[1]);
+        gdn_gates(gate_in[0], gate_in[1], gate_in[2], gate_in[3], gates[0], gates[1]);
     }
     __syncthreads();
     float * shared_qk = (float *) a.scratch;  // [q of every key head | k of every key head], as prep's
