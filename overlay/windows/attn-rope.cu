@@ -265,6 +265,7 @@ void flashrt_run_attn_rope(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph
     a.k_token     = r.k.x->nb[2] / f;
     a.k_weight    = (const float *) r.k.weight->data;
     memcpy(&a.k_eps, r.k.norm->op_params, sizeof(float));
+    a.weights_constant = flashrt_is_constant_leaf(r.q.weight) && flashrt_is_constant_leaf(r.k.weight);
     a.k_cache     = (__half *) r.k_set->data;
     a.k_cache_row = r.k_set->nb[1] / h;
     a.k_rows      = rows_of(r.k_set->src[1]);

@@ -131,7 +131,6 @@ void flashrt_run_gdn_gated_norm(ggml_backend_cuda_context & ctx, ggml_cgraph * c
     args.z_row = z->nb[1] / f, args.z_channel = z->nb[2] / f, args.z_sample = z->nb[3] / f;
     args.out_row = out->nb[1] / f, args.out_channel = out->nb[2] / f, args.out_sample = out->nb[3] / f;
     memcpy(&args.eps, norm->op_params, sizeof(float));
-    // A leaf is a model weight or an input copied in before the graph: no kernel writes it.
-    args.w_constant = weight->op == GGML_OP_NONE && weight->view_src == nullptr;
+    args.w_constant = flashrt_is_constant_leaf(weight);
     FLASHRT_CHECK("GDN_GATED_NORM", frt_gated_rms_norm_f32(args, ctx.stream()));
 }

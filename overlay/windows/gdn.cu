@@ -388,9 +388,7 @@ void flashrt_run_gdn(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int 
     a.dt_bias = (const float *) b.alpha_add->src[1]->data;
     a.a       = (const float *) b.gate->src[1]->data;
     a.norm_w  = (const float *) norm_w->data;
-    // A leaf is a model weight or an input copied in before the graph: no kernel writes it.
-    a.weights_constant = conv_w->op == GGML_OP_NONE && conv_w->view_src == nullptr && norm_w->op == GGML_OP_NONE &&
-                         norm_w->view_src == nullptr;
+    a.weights_constant = flashrt_is_constant_leaf(conv_w) && flashrt_is_constant_leaf(norm_w);
 
     const ggml_tensor * conv_cache = b.conv_rows->src[0];
     const ggml_tensor * ssm_cache  = b.state_rows->src[0];

@@ -22,6 +22,12 @@ inline const ggml_tensor * flashrt_view_base(const ggml_tensor * t) {
     return t->view_src != nullptr ? t->view_src : t;
 }
 
+// A leaf: a model weight or an input copied in before the graph, which no kernel writes; a kernel
+// may read it before its wait for the previous one.
+inline bool flashrt_is_constant_leaf(const ggml_tensor * t) {
+    return t->op == GGML_OP_NONE && t->view_src == nullptr;
+}
+
 // The first node at or after `i` that is not a view (at most 4 views are skipped).
 inline int flashrt_skip_views(const ggml_cgraph * cgraph, int i) {
     int k = i;

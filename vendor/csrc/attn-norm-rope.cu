@@ -4,6 +4,7 @@
 
 constexpr int attn_rope_threads = 256;  // rms_norm_f32's block below 1024 columns
 constexpr int attn_rope_warps   = attn_rope_threads / 32;
+constexpr int attn_rope_cols    = (FRT_ATTN_ROPE_MAX_HEAD_DIM + attn_rope_threads - 1) / attn_rope_threads;  // a thread's
 
 // Its block_reduce<SUM, 256>: every warp's sum, lane 0 of each to shared memory, then the same
 // butterfly over the 8 sums, the lanes past them holding 0.
@@ -25,8 +26,8 @@ static __device__ __forceinline__ int64_t attn_rope_row(const frt_attn_rope_rows
 }
 
 // rope_multi's cos/sin of channel pair iw/2 (forward, no frequency factors): the section's
-// position times theta_scale^(iw/2), then rope_yarn's interpolation and magnitude scale.
-static __device__ __forceinline__ void attn_rope_cos_sin(const frt_attn_rope_args & a, int t, int iw,
+// position (pos: the token's position in each of the 4 sections) times theta_scale^(iw/2), then rope_yarn's interpolation and magnitude scale.
+static __device__ __forceinline__ void attn_rope_cos_sin(const frt_attn_rope_args & a, const int (&pos)[4], int iw,
                                                          float & cos_theta, float & sin_theta) {
     const int sect_dims = a.sections[0] + a.sections[1] + a.sections[2] + a.sections[3];
     const int sec_w     = a.sections[1] + a.sections[0];
@@ -47,7 +48,8 @@ static __device__ __forceinline__ void attn_rope_cos_sin(const frt_attn_rope_arg
     } else if (sector < sec_w + a.sections[2]) {
         section = 2;
     }
-    const float theta_extrap = a.pos[t + a.tokens * section] * powf(a.theta_scale, iw / 2.0f);
+    const int   p            = section == 0 ? pos[0] : section == 1 ? pos[1] : section == 2 ? pos[2] : pos[3];
+    const float theta_extrap = p * powf(a.theta_scale, iw / 2.0f);
 
     // rope_yarn: with ext_factor 0 (no YaRN) theta is freq_scale * theta_extrap.
     const float theta_interp = a.freq_scale * theta_extrap;
@@ -77,8 +79,39 @@ static __global__ void __launch_bounds__(attn_rope_threads) frt_attn_rope_kernel
     const float * w  = is_q ? a.q_weight : a.k_weight;
     const float eps  = is_q ? a.q_eps : a.k_eps;
 
+    // The norm's weights: model weights before the wait, else with the activations after it.
+    float      wr[attn_rope_cols];
+    const auto load_weights = [&]() {
+#pragma unroll
+        for (int j = 0; j < attn_rope_cols; ++j) {
+            const int col = threadIdx.x + attn_rope_threads * j;
+            wr[j]         = col < D ? w[col] : 0.0f;
+        }
+    };
+    if (a.weights_constant) {
+        load_weights();
+    }
+
     // Everything read from here on (activations, positions, row ids) an earlier kernel may write.
+    // Every read is issued before the first store (the V rows' copy, which may alias them in the
+    // compiler's eyes): the head's values, the positions, the cache rows, V, in one round trip.
     frt_pdl_wait();
+    if (!a.weights_constant) {
+        load_weights();
+    }
+    float xr[attn_rope_cols];
+#pragma unroll
+    for (int j = 0; j < attn_rope_cols; ++j) {
+        const int col = threadIdx.x + attn_rope_threads * j;
+        xr[j]         = col < D ? x[col] : 0.0f;
+    }
+    int pos[4] = { 0, 0, 0, 0 };
+    if (a.n_dims > 0) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            pos[s] = a.pos[t + a.tokens * s];
+        }
+    }
     int64_t k_row = 0;
     if (!is_q) {
         k_row = attn_rope_row(a.k_rows, t);
@@ -94,15 +127,19 @@ static __global__ void __launch_bounds__(attn_rope_threads) frt_attn_rope_kernel
 
     // rms_norm_f32<256, true>: the squares summed by column stride, reduced, then (scale * x) * w.
     float sum = 0.0f;
-    for (int col = threadIdx.x; col < D; col += attn_rope_threads) {
-        const float xi = x[col];
-        sum += xi * xi;
+#pragma unroll
+    for (int j = 0; j < attn_rope_cols; ++j) {
+        sum += xr[j] * xr[j];  // 0 past D: the same sum
     }
     sum               = attn_rope_block_sum(sum, warp_sums);
     const float mean  = sum / D;
     const float scale = rsqrtf(mean + eps);
-    for (int col = threadIdx.x; col < D; col += attn_rope_threads) {
-        normed[col] = scale * x[col] * w[col];
+#pragma unroll
+    for (int j = 0; j < attn_rope_cols; ++j) {
+        const int col = threadIdx.x + attn_rope_threads * j;
+        if (col < D) {
+            normed[col] = scale * xr[j] * wr[j];
+        }
     }
     __syncthreads();  // every read of x is done: q_out may alias it from here
     frt_pdl_launch_dependents();
@@ -127,7 +164,7 @@ static __global__ void __launch_bounds__(attn_rope_threads) frt_attn_rope_kernel
         }
         const int iw = i0 - a.n_offs;
         float     cos_theta, sin_theta;
-        attn_rope_cos_sin(a, t, iw, cos_theta, sin_theta);
+        attn_rope_cos_sin(a, pos, iw, cos_theta, sin_theta);
         const int   c0 = i0 / 2 + a.n_offs / 2;
         const float x0 = normed[c0];
         const float x1 = normed[c0 + a.n_dims / 2];

@@ -52,6 +52,9 @@ struct frt_attn_rope_args {
     int64_t       k_head, k_token;
     const float * k_weight;
     float         k_eps;
+    // q_weight and k_weight are model weights (no kernel writes them): read before the wait for
+    // the previous kernel. Otherwise after it, with the activations.
+    bool          weights_constant;
     __half *      k_cache;      // head h of token t: k_cache + row(t)*k_cache_row + h*head_dim
     int64_t       k_cache_row;
     frt_attn_rope_rows k_rows;

@@ -2,7 +2,8 @@
 // multi-section RoPE and KV cache writes, on fresh random inputs (positions drawn per section, so a
 // wrong section shows), the outputs and the written cache rows poisoned first. Checks that V is
 // stored as exactly the half values set_rows stores, that cache rows the batch does not write stay
-// as they were, and that bad shapes are refused. Needs a GPU:
+// as they were, and that bad shapes are refused. Every case runs with the norm weights read after
+// the wait and before it (frt_attn_rope_args::weights_constant). Needs a GPU:
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
 //        vendor/csrc/tests/test-attn-norm-rope.cu -o test-attn-norm-rope && ./test-attn-norm-rope
 
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tests/test-device.cuh"
@@ -103,7 +105,8 @@ static double row_tolerance(double max_theta) {
     return 2e-5 + 4e-6 * max_theta;
 }
 
-static int run_case(const rope_case & rc, std::mt19937 & rng) {
+// weights_constant: the norm weights read before the wait (frt_attn_rope_args::weights_constant).
+static int run_case(const rope_case & rc, bool weights_constant, std::mt19937 & rng) {
     const int D = rc.D, Hq = rc.Hq, Hkv = rc.Hkv, T = rc.T;
     const int v_cols = D * Hkv;
     const int q_head = rc.q_gated ? 2 * D : D;  // element strides of the input q
@@ -180,6 +183,7 @@ static int run_case(const rope_case & rc, std::mt19937 & rng) {
     std::memcpy(a.sections, rc.sections, sizeof(a.sections));
     a.theta_scale = theta_scale, a.freq_scale = rc.freq_scale, a.ext_factor = rc.ext_factor, a.attn_factor = 1.0f;
     a.corr_dims[0] = corr[0], a.corr_dims[1] = corr[1];
+    a.weights_constant = weights_constant;
     CHECK(frt_attn_rope(a, 0));
     CHECK(cudaDeviceSynchronize());
 
@@ -239,7 +243,8 @@ static int run_case(const rope_case & rc, std::mt19937 & rng) {
         }
     }
     ok = ok && v_wrong == 0 && untouched_wrong == 0;
-    std::printf("%s %-52s err/tol %.3f, V wrong %d, untouched rows changed %d\n", ok ? "ok  " : "FAIL", rc.name,
+    const std::string name = std::string(rc.name) + (weights_constant ? ", weights before the wait" : "");
+    std::printf("%s %-76s err/tol %.3f, V wrong %d, untouched rows changed %d\n", ok ? "ok  " : "FAIL", name.c_str(),
                 worst, v_wrong, untouched_wrong);
     for (void * p : { (void *) dq, (void *) dk, (void *) dv, (void *) dqw, (void *) dkw, (void *) dq_out, (void *) dpos,
                       drows_k, drows_v, (void *) dk_cache, (void *) dv_cache }) {
@@ -288,10 +293,12 @@ int main() {
     };
     int failed = 0;
     for (const rope_case & rc : cases) {
-        failed += run_case(rc, rng);
+        for (const bool weights_constant : { false, true }) {
+            failed += run_case(rc, weights_constant, rng);
+        }
     }
     failed += run_refusals();
-    const int n_cases = (int) (sizeof(cases) / sizeof(cases[0])) + 1;
+    const int n_cases = 2 * (int) (sizeof(cases) / sizeof(cases[0])) + 1;
     std::printf("%d passed, %d failed\n", n_cases - failed, failed);
     return failed == 0 ? 0 : 1;
 }
