@@ -2,7 +2,6 @@
 #include "window-util.cuh"
 #include "../counters.cuh"
 #include "gemv-pack.cuh"
-#include "q8-x.cuh"
 
 #include "gate-mul-q8.cuh"
 
@@ -94,10 +93,7 @@ void flashrt_run_attn_out_gate(ggml_backend_cuda_context & ctx, ggml_cgraph * cg
     a.out       = (float *) og.mul->data;
     a.d         = (int) og.d;
     a.heads     = (int) og.heads;
-    const int64_t k = og.d * og.heads;
-    if (k % 256 == 0 && k <= FRT_X_Q8_MAX_K) {  // a Q4_K/Q6_K GEMV's input
-        a.x_q8 = flashrt_counters_of(ctx, flashrt_counter_use::handoff);  // none unless a direct evaluation prepared it
-    }
+    a.x_q8      = flashrt_gemv_handoff_slot(ctx, og.d * og.heads);
     FLASHRT_CHECK("ATTN_OUT_GATE", frt_gate_mul_q8(a, ctx.stream()));
     if (a.x_q8 != nullptr) {
         flashrt_gemv_hand_off(ctx, cgraph, -1, og.mul->data, a.x_q8);

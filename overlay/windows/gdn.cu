@@ -414,8 +414,8 @@ void flashrt_run_gdn(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, int 
                     ? (int *) flashrt_counters_of(ctx, flashrt_counter_use::gdn_flags)
                     : nullptr;
     const int k = b.v_heads * FRT_GDN_HEAD_DIM;
-    if (gdn_handoff_enabled() && b.n_seqs == 1 && a.out_head == FRT_GDN_HEAD_DIM && k % 256 == 0 && k <= FRT_X_Q8_MAX_K) {
-        a.x_q8 = flashrt_counters_of(ctx, flashrt_counter_use::handoff);  // none when no direct evaluation prepared them
+    if (gdn_handoff_enabled() && b.n_seqs == 1 && a.out_head == FRT_GDN_HEAD_DIM) {
+        a.x_q8 = flashrt_gemv_handoff_slot(ctx, k);
     }
     FLASHRT_CHECK("GDN", frt_gdn_decode(a, ctx.stream()));
     if (a.x_q8 != nullptr) {

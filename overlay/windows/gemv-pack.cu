@@ -5,6 +5,7 @@
 #include "../counters.cuh"
 #include "../diagnostics.cuh"
 #include "../repack.cuh"
+#include "q8-x.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -844,6 +845,13 @@ void flashrt_gemv_hand_off(const ggml_backend_cuda_context & ctx, const ggml_cgr
     handoff_note = { &ctx, cgraph, flashrt_evaluation(), norm, x, image };
 }
 
+void * flashrt_gemv_handoff_slot(const ggml_backend_cuda_context & ctx, int64_t k) {
+    if (k % 256 != 0 || k > FRT_X_Q8_MAX_K) {
+        return nullptr;
+    }
+    return flashrt_counters_of(ctx, flashrt_counter_use::handoff);
+}
+
 // The image of the launch's input, when the kernel before handed it off in this evaluation (h:
 // the note as the launch found it).
 static void take_handoff(const handoff_note_t & h, const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
@@ -888,7 +896,7 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
         }
     }
     if (kernel == FRT_GEMV_KERNEL_EXACT && router_handoff_enabled() && a.x_normed != nullptr) {
-        a.x_normed_q8 = flashrt_counters_of(ctx, flashrt_counter_use::handoff);  // none unless prepared
+        a.x_normed_q8 = flashrt_gemv_handoff_slot(ctx, a.k);
         if (a.x_normed_q8 != nullptr && frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {
             a.x_normed_q8 = nullptr;  // not a launch on the router kernel
         }

@@ -89,6 +89,11 @@ bool flashrt_gemv_handoff_wanted(const ggml_cgraph * cgraph, int norm, const flo
 void flashrt_gemv_hand_off(const ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int norm, const void * x,
                            const void * image);
 
+// Where a kernel writes the image of a k-value vector it hands the next GEMV launch (the
+// context's handoff slot), or nullptr: k not a whole number of K-quant blocks (256) or over
+// FRT_X_Q8_MAX_K, or the slot not made (no direct evaluation prepared the counters).
+void * flashrt_gemv_handoff_slot(const ggml_backend_cuda_context & ctx, int64_t k);
+
 // Begin-graph hook: the repacked copies of the pack's Q6_K / Q8_0 weights.
 void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph,
                                const flashrt_gemv_pack & pack);
