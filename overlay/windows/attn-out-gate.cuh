@@ -1,6 +1,6 @@
 #pragma once
 
-// Window ATTN_OUT_GATE (tier full until measured in decode; FRT_ATTN_OUT_GATE_SWAP=1 turns it on):
+// Window ATTN_OUT_GATE (tier safe; FRT_ATTN_OUT_GATE_SWAP=0 turns it off):
 // the output gate of qwen35's full-attention layers where ATTN_DECODE does not fold it (its output
 // would lie over Q),
 //   [CONT of the gate's view of the q projection ->] SIGMOID -> MUL(attention, sigmoid)
