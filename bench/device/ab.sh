@@ -17,6 +17,7 @@
 # EXTRA_TESTS="pp512,tg128@d8192": bench (and check without BENCH=0) also runs these tests, the
 # default against stock only, ROUNDS rounds (bench-extra.log).
 # AB_PARITY=1: the 4-layer parity under each experiment too (for one that is not stock's bits).
+# DEPTH=8192: compare's profiles decode after a prompt of that many tokens (cargo xtask profile --depth).
 # TRACE=1: bench and compare end with the exact kernel's trace of a tg64 run (GGML_FLASHRT_EXACT_TRACE,
 # summarised by bench/tools/exact-trace.py: each launch's blocks, phase by phase), of the default and
 # under TRACE_WITH="ENV=VALUE ..." when set.
@@ -55,7 +56,7 @@ mkdir -p /tmp/models /tmp/vendor-tests
 profile() {  # NAME [ENV=VALUE ...]: cargo xtask profile under the settings, its results packed
     local name=$1
     shift
-    env "$@" "$xtask" profile --model "$model" --arch 90a > "$out/profile-$name.log" 2>&1
+    env "$@" "$xtask" profile --model "$model" --arch 90a ${DEPTH:+--depth "$DEPTH"} > "$out/profile-$name.log" 2>&1
     local results
     results=$(results_dir "$out/profile-$name.log")
     [ -n "$results" ] && tar -czf "$out/profile-$name.tgz" -C "$(dirname "$results")" "$(basename "$results")"

@@ -232,7 +232,7 @@ impl TestSpec {
         Ok(TestSpec { generate, n, depth })
     }
 
-    fn name(&self) -> String {
+    pub fn name(&self) -> String {
         let kind = if self.generate { "tg" } else { "pp" };
         let depth = if self.depth > 0 {
             format!("@d{}", self.depth)

@@ -27,7 +27,8 @@ use crate::toolchain::{self, CudaChoice, Provision};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Each setting runs llama-bench (-ngl 99 -fa 1 -p 0 -n TOKENS) three times in its own process: \
+Each setting runs llama-bench (-ngl 99 -fa 1 -p 0 -n TOKENS, and -d DEPTH with --depth) three \
+times in its own process: \
 without tracing (3 repetitions: the tok/s to quote; GGML_FLASHRT_PERIODS has the overlay's hook \
 note each graph compute call's host time, stock's too, so the untraced step period is known: its \
 median, its mean, what the first steps of a repetition cost), under bench/tools/cupti-trace.cpp, a CUPTI \
@@ -56,7 +57,7 @@ with the reason (xtask/src/profile/weights.rs documents the mapping). The GEMV w
 the traced overlay runs write (GGML_FLASHRT_LAUNCH_LOG): the k-th such kernel of a step is the \
 k-th launch of the capture it replays (xtask/src/profile/launch_log.rs).
 
-Writes bench/results/<date>-<commit>-<gpu>-profile[-no-NAME][-SWITCH_VALUE...]/profile.md, \
+Writes bench/results/<date>-<commit>-<gpu>-profile[-dDEPTH][-no-NAME][-SWITCH_VALUE...]/profile.md, \
 profile.json and profile.svg (µs per family, one bar per setting); the overlay's switches set in \
 the environment (FRT_*, GGML_FLASHRT_*, GGML_CUDA_FLASHRT_*) apply to every run, name the \
 directory and head profile.md, so that a run under other switches keeps the default's results. \
@@ -68,6 +69,12 @@ pub struct ProfileArgs {
     /// Tokens decoded per llama-bench run (its -n).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(8..))]
     pub tokens: u32,
+    /// Tokens already in the context when decoding starts (llama-bench's -d), e.g. 8192 to see
+    /// where a long cache's decode time goes. The depth prompt runs before the first timed
+    /// repetition (llama-bench restores its state before the others), outside CUDA graphs: the
+    /// decode steps are found as without it.
+    #[arg(long, default_value_t = 0, value_name = "TOKENS")]
+    pub depth: u32,
     /// Also profile the overlay with this window off (GGML_FLASHRT_NO_<NAME>=1): a third column.
     #[arg(long, value_name = "NAME")]
     pub window_off: Option<String>,
@@ -75,7 +82,7 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "DIR")]
     pub save_traces: Option<PathBuf>,
     /// Analyse what --save-traces kept in DIR instead of running anything (no GPU needed).
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["model", "window_off", "save_traces"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["model", "window_off", "save_traces", "depth"])]
     pub from_traces: Option<PathBuf>,
 }
 
@@ -133,6 +140,9 @@ pub struct Inputs {
     pub model: String,
     pub command: String,
     pub tokens: u32,
+    /// llama-bench's -d (none in profiles saved before it: 0).
+    #[serde(default)]
+    pub depth: u32,
     pub bytes_per_token: f64,
     pub bandwidth: Bandwidth,
     pub tensors: Vec<weights::WeightTensor>,
@@ -208,10 +218,11 @@ fn settings(window_off: Option<&str>) -> Vec<(String, Vec<(String, String)>)> {
     out
 }
 
-/// The results directory's name tags: a run under other switches must not overwrite the
-/// default's results of the same day and commit.
-fn tags(window_off: Option<&str>, switches: &[(String, String)]) -> Vec<String> {
+/// The results directory's name tags: a run at a depth or under other switches must not
+/// overwrite the default's results of the same day and commit.
+fn tags(depth: u32, window_off: Option<&str>, switches: &[(String, String)]) -> Vec<String> {
     let mut tags = vec!["profile".to_owned()];
+    tags.extend((depth > 0).then(|| format!("d{depth}")));
     tags.extend(window_off.map(|name| format!("no-{name}")));
     tags.extend(bench::switch_tags(switches));
     tags
@@ -305,7 +316,12 @@ pub fn run(sh: &Shell, project: &Project, args: ProfileArgs) -> Result<()> {
             })?;
             periods::parse(&text)
                 .and_then(|marks| {
-                    periods::summarise(&marks, inputs.tokens as usize, UNPROFILED_REPS as usize)
+                    periods::summarise(
+                        &marks,
+                        inputs.tokens as usize,
+                        UNPROFILED_REPS as usize,
+                        inputs.depth > 0,
+                    )
                 })
                 .map_err(|e| format!("{}: {e:#}", path.display()))
         })
@@ -321,7 +337,7 @@ pub fn run(sh: &Shell, project: &Project, args: ProfileArgs) -> Result<()> {
         &inputs.date,
         &inputs.commit,
         &inputs.gpu,
-        &tags(inputs.window_off.as_deref(), &inputs.switches),
+        &tags(inputs.depth, inputs.window_off.as_deref(), &inputs.switches),
     ));
     let markdown = report::markdown(&profile);
     write_atomic(&out.join("profile.md"), markdown.as_bytes())?;
@@ -376,7 +392,7 @@ fn measure(
             (scratch.path().to_path_buf(), Some(scratch))
         }
     };
-    let test = TestSpec::parse(&format!("tg{}", args.tokens))?;
+    let test = TestSpec::parse(&report::test_name(args.tokens, args.depth))?;
     let bin = prepared.bin("llama-bench");
     let utf8 = |path: &Path| -> Result<String> {
         path.to_str()
@@ -385,7 +401,7 @@ fn measure(
     };
     let mut runs = Vec::new();
     for (name, env) in settings(args.window_off.as_deref()) {
-        step(format!("{name}: llama-bench tg{}", args.tokens));
+        step(format!("{name}: llama-bench {}", test.name()));
         let (periods_file, periods_path) = fresh_file(&dir, &name, "periods")?;
         let mut untraced = env.clone();
         untraced.push((PERIODS_ENV.into(), utf8(&periods_path)?));
@@ -412,7 +428,7 @@ fn measure(
         } else {
             None
         };
-        step(format!("{name}: llama-bench tg{} traced", args.tokens));
+        step(format!("{name}: llama-bench {} traced", test.name()));
         let profiled_ts = bench::llama_bench(
             &bin,
             &prepared.model,
@@ -436,8 +452,8 @@ fn measure(
         graph_traced.push((TRACE_ENV.into(), utf8(&graph_path)?));
         graph_traced.push((LEVEL_ENV.into(), "graphs".into()));
         step(format!(
-            "{name}: llama-bench tg{} traced at graph level",
-            args.tokens
+            "{name}: llama-bench {} traced at graph level",
+            test.name()
         ));
         let graph_ts = bench::llama_bench(
             &bin,
@@ -473,6 +489,7 @@ fn measure(
         model: prepared.model.display().to_string(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
         tokens: args.tokens,
+        depth: args.depth,
         bytes_per_token: bench::bytes_per_token(&prepared.model)?,
         bandwidth,
         tensors: weights::weight_tensors(&header),
@@ -740,7 +757,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            bench::result_stem("2026-11-30", "abc1234", "NVIDIA H200", &tags(None, &[])),
+            bench::result_stem("2026-11-30", "abc1234", "NVIDIA H200", &tags(0, None, &[])),
             "2026-11-30-abc1234-nvidia-h200-profile"
         );
         assert_eq!(
@@ -748,7 +765,7 @@ mod tests {
                 "2026-11-30",
                 "abc1234",
                 "NVIDIA H200",
-                &tags(Some("SHEXP_GATE"), &[])
+                &tags(0, Some("SHEXP_GATE"), &[])
             ),
             "2026-11-30-abc1234-nvidia-h200-profile-no-SHEXP_GATE"
         );
@@ -758,9 +775,19 @@ mod tests {
                 "2026-11-30",
                 "abc1234",
                 "NVIDIA H200",
-                &tags(None, &switched)
+                &tags(0, None, &switched)
             ),
             "2026-11-30-abc1234-nvidia-h200-profile-GGML_FLASHRT_ROUTE_X_0"
+        );
+        // A run at a depth keeps its own folder, before the other tags.
+        assert_eq!(
+            bench::result_stem(
+                "2026-11-30",
+                "abc1234",
+                "NVIDIA H200",
+                &tags(8192, Some("GDN"), &switched)
+            ),
+            "2026-11-30-abc1234-nvidia-h200-profile-d8192-no-GDN-GGML_FLASHRT_ROUTE_X_0"
         );
     }
 
@@ -841,6 +868,7 @@ mod tests {
             model: "m.gguf".into(),
             command: "xtask profile".into(),
             tokens: 64,
+            depth: 0,
             bytes_per_token: 2e9,
             bandwidth: Bandwidth {
                 gpu: "NVIDIA H200".into(),

@@ -58,21 +58,31 @@ pub struct Periods {
 }
 
 /// `marks` of one llama-bench process that ran a warm-up step and then `reps` repetitions of
-/// `tokens` steps, one graph compute call a step.
-pub fn summarise(marks: &[Mark], tokens: usize, reps: usize) -> Result<Periods> {
+/// `tokens` steps, one graph compute call a step. With `depth` (llama-bench's -d), the first
+/// repetition's steps come after the depth prompt's calls (one a batch; llama-bench restores
+/// the state it left before the later repetitions): the calls between the warm-up call and the
+/// decode steps, however many, are that prompt's and left out.
+pub fn summarise(marks: &[Mark], tokens: usize, reps: usize, depth: bool) -> Result<Periods> {
     if tokens < 2 || reps == 0 {
         bail!("periods need 2 or more tokens and 1 or more repetitions");
     }
-    if marks.len() != 1 + tokens * reps {
+    let steps_calls = 1 + tokens * reps;
+    let prompt_calls = marks.len().saturating_sub(steps_calls);
+    if marks.len() < steps_calls || (prompt_calls > 0) != depth {
         bail!(
-            "{} graph compute calls, {} expected (a warm-up step and {reps} repetitions of \
+            "{} graph compute calls, {} expected (a warm-up step{} and {reps} repetitions of \
              {tokens}): the run did not compute one graph a step",
             marks.len(),
-            1 + tokens * reps
+            steps_calls,
+            if depth {
+                ", the depth prompt's calls"
+            } else {
+                ""
+            }
         );
     }
     let us = |a: &Mark, b: &Mark| (b.ns - a.ns) as f64 / 1e3;
-    let runs: Vec<&[Mark]> = marks[1..].chunks(tokens).collect();
+    let runs: Vec<&[Mark]> = marks[1 + prompt_calls..].chunks(tokens).collect();
     let steps: Vec<f64> = runs
         .iter()
         .flat_map(|run| run.windows(2).map(|w| us(&w[0], &w[1])))
@@ -155,14 +165,51 @@ mod tests {
                 marks.push((t, 0));
             }
         }
-        let p = summarise(&parse(&file(&marks)).unwrap(), 5, 2).unwrap();
+        let p = summarise(&parse(&file(&marks)).unwrap(), 5, 2, false).unwrap();
         assert_eq!((p.reps, p.median_us), (2, 100.0));
         // (1000 + 3 x 100 + 1000 + 2 x 100 + 350) / 8 steps
         assert!((p.mean_us - 2850.0 / 8.0).abs() < 1e-9, "{p:?}");
         assert_eq!((p.node_loop_calls, p.long), (1.0, 1.5));
         assert!((p.long_excess_us - (900.0 * 2.0 + 250.0) / 8.0).abs() < 1e-9);
         assert_eq!(p.first_us, [1000.0, 100.0, 100.0, 225.0]);
-        let err = summarise(&parse(&file(&marks)).unwrap(), 4, 2).unwrap_err();
+        let err = summarise(&parse(&file(&marks)).unwrap(), 4, 2, false).unwrap_err();
         assert!(format!("{err:#}").contains("11 graph compute calls, 9 expected"));
+        // Read as a run with a depth prompt, the same calls are a prompt's and none is left out.
+        let err = summarise(&parse(&file(&marks)).unwrap(), 5, 2, true).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("the depth prompt's calls"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn a_depth_prompt_before_the_first_repetition_is_left_out() {
+        // A warm-up call, 16 prompt batches of 30 ms (node loop: no CUDA graph), then two
+        // repetitions of 4 steps of 200 µs, the first step of each 900 µs.
+        let mut marks = vec![(0, 1)];
+        let mut t = 10_000_000;
+        for _ in 0..16 {
+            t += 30_000_000;
+            marks.push((t, 1));
+        }
+        for _ in 0..2 {
+            t += 5_000_000;
+            marks.push((t, 1));
+            for s in [900, 200, 200] {
+                t += s * 1000;
+                marks.push((t, 0));
+            }
+        }
+        let marks = parse(&file(&marks)).unwrap();
+        let p = summarise(&marks, 4, 2, true).unwrap();
+        assert_eq!((p.median_us, p.node_loop_calls), (200.0, 1.0));
+        assert!((p.mean_us - 1300.0 / 3.0).abs() < 1e-9, "{p:?}");
+        assert_eq!(p.first_us, [900.0, 200.0, 200.0]);
+        // Without the depth, the prompt's calls are an error, not steps.
+        let err = summarise(&marks, 4, 2, false).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("25 graph compute calls, 9 expected"),
+            "{err:#}"
+        );
     }
 }

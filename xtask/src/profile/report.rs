@@ -25,6 +25,8 @@ pub struct Profile {
     pub switches: Vec<(String, String)>,
     /// Tokens decoded per llama-bench run.
     pub tokens: u32,
+    /// Tokens in the context before them (llama-bench's -d).
+    pub depth: u32,
     /// Weights read per decoded token, from the GGUF header.
     pub bytes_per_token: f64,
     pub bandwidth: Bandwidth,
@@ -455,10 +457,20 @@ pub fn analyse(
         command: inputs.command.clone(),
         switches: inputs.switches.clone(),
         tokens: inputs.tokens,
+        depth: inputs.depth,
         bytes_per_token: inputs.bytes_per_token,
         bandwidth: inputs.bandwidth.clone(),
         settings,
     })
+}
+
+/// The llama-bench test profiled: tgN, or tgN@dDEPTH after a depth prompt (bench's test names).
+pub fn test_name(tokens: u32, depth: u32) -> String {
+    if depth > 0 {
+        format!("tg{tokens}@d{depth}")
+    } else {
+        format!("tg{tokens}")
+    }
 }
 
 // ---- Markdown ----
@@ -527,11 +539,11 @@ pub fn markdown(p: &Profile) -> String {
     let _ = writeln!(out, "# Decode profile: {}, {model}\n", p.gpu);
     let _ = writeln!(
         out,
-        "{} · commit {} · tg{} · read bandwidth {:.2} TB/s · {:.3} GB of weights per token \
+        "{} · commit {} · {} · read bandwidth {:.2} TB/s · {:.3} GB of weights per token \
          (floor {floor_us:.0} µs) · `{}`\n",
         p.date,
         p.commit,
-        p.tokens,
+        test_name(p.tokens, p.depth),
         p.bandwidth.read_tbps,
         p.bytes_per_token / 1e9,
         p.command
@@ -956,7 +968,8 @@ pub fn markdown(p: &Profile) -> String {
 
     out.push_str(
         "\n## How\n\n\
-         llama-bench `-ngl 99 -fa 1 -p 0 -n <tokens>`, each setting in its own process: once \
+         llama-bench `-ngl 99 -fa 1 -p 0 -n <tokens>` (and `-d <depth>` at a depth: its prompt \
+         runs outside CUDA graphs, so no step counts it), each setting in its own process: once \
          without tracing (tok/s), once under bench/tools/cupti-trace.cpp (loaded through \
          `CUDA_INJECTION64_PATH`), which records every kernel, memcpy and memset. A step is one \
          CUDA graph launch (its kernels carry the launch's correlation id); the steady steps \
@@ -1061,8 +1074,10 @@ pub fn svg(p: &Profile) -> String {
         out,
         r#"<text x="10" y="22" font-size="15" font-weight="bold">{}</text>"#,
         escape(&format!(
-            "Exclusive µs per decode step by kernel family: {}, tg{}, commit {}",
-            p.gpu, p.tokens, p.commit
+            "Exclusive µs per decode step by kernel family: {}, {}, commit {}",
+            p.gpu,
+            test_name(p.tokens, p.depth),
+            p.commit
         ))
     );
     for (i, s) in p.settings.iter().enumerate() {
@@ -1359,6 +1374,7 @@ mod tests {
             command: "cargo xtask profile".into(),
             switches: vec![("GGML_FLASHRT_X".into(), "0".into())],
             tokens: 64,
+            depth: 0,
             bytes_per_token: 1.967e9,
             bandwidth: Bandwidth {
                 gpu: "NVIDIA H200".into(),
@@ -1377,6 +1393,14 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("floor 492 µs"), "{md}");
+        assert!(md.contains(" · tg64 · "), "{md}");
+        // At a depth, the header and the chart name the test as bench does.
+        let deep = Profile {
+            depth: 8192,
+            ..profile()
+        };
+        assert!(markdown(&deep).contains(" · tg64@d8192 · "));
+        assert!(svg(&deep).contains("NVIDIA H200, tg64@d8192, commit abc1234"));
         assert!(
             md.contains("Switches in the environment of every run: `GGML_FLASHRT_X=0`\n"),
             "{md}"
