@@ -18,6 +18,7 @@
 # default against stock only, ROUNDS rounds (bench-extra.log).
 # AB_PARITY=1: the 4-layer parity under each experiment too (for one that is not stock's bits).
 # DEPTH=8192: compare's profiles decode after a prompt of that many tokens (cargo xtask profile --depth).
+# PARITY=0: compare skips the 40-layer parity (a call short of time).
 # TRACE=1: bench and compare end with the exact kernel's trace of a tg64 run (GGML_FLASHRT_EXACT_TRACE,
 # summarised by bench/tools/exact-trace.py: each launch's blocks, phase by phase), of the default and
 # under TRACE_WITH="ENV=VALUE ..." when set.
@@ -263,7 +264,7 @@ compare)
     # graph order against graph compute calls: whether llama.cpp plans each step's graph anew (our
     # node order then runs on the host between steps) or reuses it.
     say "stats: $(grep -E 'norm handoff|attention gate|graph order|graph compute call' "$out/stats-default.log" | tr -s ' ' | tr '\n' ' ')"
-    parity "$model"
+    [ "${PARITY:-1}" = 0 ] || parity "$model"
     traces
     ;;
 *)
