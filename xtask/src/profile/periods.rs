@@ -174,7 +174,7 @@ mod tests {
         assert_eq!(p.first_us, [1000.0, 100.0, 100.0, 225.0]);
         let err = summarise(&parse(&file(&marks)).unwrap(), 4, 2, false).unwrap_err();
         assert!(format!("{err:#}").contains("11 graph compute calls, 9 expected"));
-        // Read as a run with a depth prompt, the same calls are a prompt's and none is left out.
+        // A run said to have a depth prompt but without a prompt's calls is refused.
         let err = summarise(&parse(&file(&marks)).unwrap(), 5, 2, true).unwrap_err();
         assert!(
             format!("{err:#}").contains("the depth prompt's calls"),
