@@ -7,8 +7,10 @@
 //   empty cluster         the kernel's grid (8 x 2, clusters of 8, its shared memory) doing only
 //                         the PDL wait and its two cluster barriers
 //   attn n_kv=N vis=V     the kernel over N cells of which the first V are visible (the rest
-//                         masked), the caches hot (one layer's, L2-resident) or cold (a different
-//                         layer's each launch, 192 MB of caches in all: read from DRAM)
+//                         masked), the caches hot (one layer's, L2-resident up to ~1024 cells) or
+//                         cold (a different layer's each launch: read from DRAM); past
+//                         FRT_ATTN_DECODE_MAX_KV cells, the long caches' two kernels (several
+//                         clusters a head, then the combine)
 //
 // Prints µs a launch (median graph replay / launches). The outputs are not checked here:
 // test-decode-attention does that.
@@ -114,8 +116,9 @@ int main() {
     std::mt19937 rng(std::random_device{}());
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
 
-    // 192 layers' caches of 1024 cells: 1024 x 2 x 256 x 2 bytes = 1 MB each for K and for V.
-    constexpr int layers = 192, max_kv = FRT_ATTN_DECODE_MAX_KV;
+    // 192 layers' caches of 16384 cells: 16384 x 2 x 256 x 2 bytes = 16 MB each for K and for V
+    // (6.4 GB in all); a cache of fewer cells is the first cells of one.
+    constexpr int layers = 192, max_kv = 16384;
     const size_t  cache  = (size_t) max_kv * heads_kv * d;
     std::vector<__half> host(cache);
     for (__half & h : host) {
@@ -162,7 +165,17 @@ int main() {
     };
     const shape shapes[] = {
         { 8, 1 }, { 256, 1 }, { 256, 64 }, { 256, 128 }, { 256, 256 }, { 1024, 1024 },
+        { 2048, 2048 }, { 4096, 4096 }, { 8448, 8448 }, { 16384, 16384 },
     };
+    // The long caches' partials: the most any shape above asks.
+    float * scratch       = nullptr;
+    size_t  scratch_bytes = 0;
+    for (const shape & s : shapes) {
+        frt_attn_decode_args a = {};
+        a.d = d, a.heads = heads, a.heads_kv = heads_kv, a.n_q = 1, a.n_kv = s.n_kv;
+        scratch_bytes = std::max(scratch_bytes, frt_attn_decode_scratch_bytes(a));
+    }
+    CHECK(cudaMalloc(&scratch, std::max<size_t>(scratch_bytes, 1)));
     std::vector<__half> mh(max_kv);
     for (const shape & s : shapes) {
         for (int c = 0; c < max_kv; ++c) {
@@ -180,11 +193,18 @@ int main() {
                 a.mask = mask, a.mask_row = max_kv;
                 a.out = out, a.out_token = (int64_t) heads * d, a.out_head = d;
                 a.scale = 0.0625f;
+                a.scratch = scratch;
                 CHECK(frt_attn_decode(a, stream));
             });
-            std::printf("| attn n_kv=%d vis=%d %s | %.2f |\n", s.n_kv, s.visible, cold ? "cold" : "hot", us);
+            frt_attn_decode_args shape_args = {};
+            shape_args.d = d, shape_args.heads = heads, shape_args.heads_kv = heads_kv, shape_args.n_q = 1;
+            shape_args.n_kv = s.n_kv;
+            std::printf("| attn n_kv=%d vis=%d %s (%d clusters a head) | %.2f |\n", s.n_kv, s.visible,
+                        cold ? "cold" : "hot", frt_attn_decode_chunks(shape_args), us);
 #ifdef FRT_ATTN_DECODE_TRACE
-            phase_rows.push_back(phase_row(s.n_kv, s.visible, cold));
+            if (s.n_kv <= FRT_ATTN_DECODE_MAX_KV) {  // the marks index one cluster a head
+                phase_rows.push_back(phase_row(s.n_kv, s.visible, cold));
+            }
 #endif
         }
     }

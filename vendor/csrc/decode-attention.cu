@@ -2,6 +2,7 @@
 #include "pdl.cuh"
 #include "warp-reduce.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cooperative_groups.h>
 
@@ -36,6 +37,11 @@ constexpr int decode_warps       = decode_threads / 32;
 constexpr int decode_split       = FRT_ATTN_DECODE_SPLIT;
 constexpr int decode_cells_lane  = FRT_ATTN_DECODE_MAX_KV / FRT_ATTN_DECODE_SPLIT / 32;  // cells a lane scores
 static_assert(FRT_ATTN_DECODE_MAX_KV % (32 * FRT_ATTN_DECODE_SPLIT) == 0, "a block's cells fill whole warps");
+// Long caches: up to 192 cells a block (as shared memory allows), up to 32 clusters a head (a lane
+// of the combine's warp each).
+constexpr int decode_long_cells_lane = 6;
+constexpr int decode_max_chunks      = 32;
+constexpr int decode_max_smem        = 227 * 1024;  // sm_90's and sm_100's opt-in shared memory a block
 static_assert(FRT_ATTN_DECODE_MAX_PAIRS <= decode_split * decode_warps,
               "a warp of the cluster combines at most one query row");
 
@@ -79,23 +85,28 @@ static size_t decode_smem_bytes(int d, int cells, int pairs) {
            (size_t) decode_warps * d * sizeof(float) + (size_t) slots * (d + 4) * sizeof(float);
 }
 
-// Cluster (r, g) of SPLIT blocks: block r scores the cells [r * cells, (r + 1) * cells) of key/value
-// head g for every query row p of g (token t, query head h), a warp a row at a time, and stores the
-// row's partial into the shared memory of the block that combines it (block p % SPLIT, slot
+// Cluster (r, g, z) of SPLIT blocks: block r scores the cells [b * cells, (b + 1) * cells) of
+// key/value head g (b = z * SPLIT + r; z the cluster's chunk of the cache, 0 when one cluster takes
+// the head) for every query row p of g (token t, query head h), a warp a row at a time, and stores
+// the row's partial into the shared memory of the block that combines it (block p % SPLIT, slot
 // (p / SPLIT) * SPLIT + r): remote stores do not wait, where remote loads in the combine cost a
 // round trip each (4.9 µs of a 12 µs launch, attn-decode-bench's phase marks). After the cluster
-// barrier warp w of block r combines row r + SPLIT * w from its own shared memory.
-template <int D>
+// barrier warp w of block r combines row r + SPLIT * w from its own shared memory, into the output
+// (one chunk) or into the chunk's partial in the scratch (frt_attn_decode_combine_kernel's input).
+// CL: cells a lane scores (a block's cells at most 32 * CL). CHUNKED: the long caches' instance
+// (the grid's z its chunks); the other one's code is the one-cluster kernel's alone.
+template <int D, int CL, bool CHUNKED>
 static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(const frt_attn_decode_args a) {
     constexpr int E = D / 32, KPAD = D + 8, PS = D + 4;
     extern __shared__ __align__(16) uint8_t smem[];
     cg::cluster_group cluster = cg::this_cluster();
 
     const int r = (int) cluster.block_rank(), g = blockIdx.y;
+    const int z = CHUNKED ? (int) blockIdx.z : 0, chunks = CHUNKED ? (int) gridDim.z : 1;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int gqa = a.heads / a.heads_kv, pairs = gqa * a.n_q;
-    const int cells = frt_attn_decode_cells_a_block(a.n_kv);
-    const int c0 = r * cells, n_cells = max(0, min(cells, a.n_kv - c0));
+    const int cells = (a.n_kv + decode_split * chunks - 1) / (decode_split * chunks);
+    const int c0 = (z * decode_split + r) * cells, n_cells = max(0, min(cells, a.n_kv - c0));
     __half *  k_s  = (__half *) smem;
     __half *  v_s  = k_s + (size_t) cells * KPAD;
     float *   q_s  = (float *) (v_s + (size_t) cells * D) + warp * D;  // this warp's query row
@@ -128,10 +139,10 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         }
     };
     // The mask of lane l's cells for query token t (0 without a mask; cells past the block's: -inf).
-    float      mk[decode_cells_lane];
+    float      mk[CL];
     const auto load_mask = [&](int t) {
 #pragma unroll
-        for (int j = 0; j < decode_cells_lane; ++j) {
+        for (int j = 0; j < CL; ++j) {
             const int c = lane + 32 * j;
             mk[j]       = c >= n_cells      ? -INFINITY :
                           a.mask != nullptr ? __half2float(a.mask[(int64_t) t * a.mask_row + c0 + c]) :
@@ -158,10 +169,10 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         __syncwarp();
         // Lane l scores cells l, l + 32, ... of the block; a hidden cell's score is -inf whatever
         // its row holds (NaN * anything stays NaN), and its dot is never formed.
-        float s[decode_cells_lane];
+        float s[CL];
         float m = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < decode_cells_lane; ++j) {
+        for (int j = 0; j < CL; ++j) {
             const int c = lane + 32 * j;
             s[j]        = -INFINITY;
             if (mk[j] != -INFINITY) {
@@ -183,10 +194,10 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         if (p == warp) {
             decode_mark(5, m);
         }
-        float e[decode_cells_lane];
+        float e[CL];
         float l = 0.0f;
 #pragma unroll
-        for (int j = 0; j < decode_cells_lane; ++j) {
+        for (int j = 0; j < CL; ++j) {
             e[j] = m == -INFINITY || s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
             l += e[j];
         }
@@ -199,7 +210,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
         }
         // Cells 8 at a time: their weights, then their rows' loads, issued together.
 #pragma unroll
-        for (int j = 0; j < decode_cells_lane; ++j) {
+        for (int j = 0; j < CL; ++j) {
             for (int cc0 = 0; cc0 < 32 && 32 * j + cc0 < n_cells; cc0 += 8) {
                 float w[8];
 #pragma unroll
@@ -240,7 +251,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     const int p = r + decode_split * warp;
     const int t = p / gqa, h = g * gqa + p % gqa;
     float     gate_sigmoid[E];
-    if (a.gate != nullptr && p < pairs) {
+    if (a.gate != nullptr && p < pairs && chunks == 1) {
         const float * gp = a.gate + (int64_t) t * a.gate_token + (int64_t) h * a.gate_head + lane * E;
 #pragma unroll
         for (int i = 0; i < E; ++i) {
@@ -277,15 +288,114 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
                 o[i] += w * rp[i];
             }
         }
-        float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
+        if (chunks > 1) {  // the chunk's partial of row p: its maximum, sum and weighted V
+            float * pp = a.scratch + ((int64_t) (g * chunks + z) * pairs + p) * PS;
+            if (lane == 0) {
+                pp[0] = mx;
+                pp[1] = sum;
+            }
 #pragma unroll
-        for (int i = 0; i < E; ++i) {
-            const float attention = sum > 0.0f ? o[i] / sum : 0.0f;
-            out[i] = a.gate != nullptr ? gate_sigmoid[i] * attention : attention;  // stock's fused SIGMOID-MUL order
+            for (int i = 0; i < E; ++i) {
+                pp[4 + lane * E + i] = o[i];
+            }
+        } else {
+            float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                const float attention = sum > 0.0f ? o[i] / sum : 0.0f;
+                out[i] = a.gate != nullptr ? gate_sigmoid[i] * attention : attention;  // stock's fused SIGMOID-MUL order
+            }
         }
     }
     decode_mark(9);
     // No barrier before leaving: after the cluster barrier no block touches another's memory.
+}
+
+// The chunks' partials of each query row (a warp a row: row R = blockIdx.x * warps + warp, key/value
+// head R / pairs) combined as the cluster combines its blocks' (the largest maximum, each chunk's
+// sum and weighted V scaled by exp of its maximum's distance to it, added in chunk order), then
+// divided and gated as the one-cluster kernel writes its rows. Launched after
+// frt_attn_decode_kernel, whose scratch it reads after the wait; every output element is written
+// here, so Q and the gate (read by the attention kernel before) may lie under the output.
+template <int D>
+static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_combine_kernel(const frt_attn_decode_args a,
+                                                                                       int chunks) {
+    constexpr int E = D / 32, PS = D + 4;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int gqa = a.heads / a.heads_kv, pairs = gqa * a.n_q;
+    const int row = blockIdx.x * decode_warps + warp;
+    frt_pdl_wait();
+    frt_pdl_launch_dependents();
+    if (row >= pairs * a.heads_kv) {
+        return;
+    }
+    const int     g = row / pairs, p = row % pairs, t = p / gqa, h = g * gqa + p % gqa;
+    const float * part = a.scratch + ((int64_t) g * chunks * pairs + p) * PS;  // chunk z at + z * pairs * PS
+    float         mi = -INFINITY, li = 0.0f;
+    if (lane < chunks) {
+        mi = part[(int64_t) lane * pairs * PS];
+        li = part[(int64_t) lane * pairs * PS + 1];
+    }
+    const float mx  = frt_warp_max(mi);
+    const float wi  = mi == -INFINITY ? 0.0f : expf(mi - mx);
+    const float sum = frt_warp_sum(wi * li);
+    float       o[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+        o[i] = 0.0f;
+    }
+    for (int z = 0; z < chunks; ++z) {
+        const float   w  = __shfl_sync(0xffffffff, wi, z, 32);
+        const float * rp = part + (int64_t) z * pairs * PS + 4 + lane * E;
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            o[i] += w * rp[i];
+        }
+    }
+    float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
+    const float * gp = a.gate != nullptr ? a.gate + (int64_t) t * a.gate_token + (int64_t) h * a.gate_head + lane * E : nullptr;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+        const float attention = sum > 0.0f ? o[i] / sum : 0.0f;
+        out[i] = gp != nullptr ? (1.0f / (1.0f + expf(-gp[i]))) * attention : attention;  // stock's fused SIGMOID-MUL order
+    }
+}
+
+// A launch's plan: clusters a key/value head (chunks), cells a block, the instance's cells a lane.
+struct decode_plan {
+    int chunks = 0, cells = 0, cells_lane = 0;
+};
+
+// Long caches: as many cells a block as shared memory holds beside the query rows and partials
+// (at most 32 * decode_long_cells_lane), then as many clusters a head as one wave of the device's
+// SMs takes (a block an SM: its shared memory), each block keeping at least 64 cells.
+static decode_plan decode_plan_of(int d, int heads_kv, int pairs, int n_kv, int sms) {
+    decode_plan plan;
+    if (n_kv <= FRT_ATTN_DECODE_MAX_KV) {
+        plan.chunks     = 1;
+        plan.cells      = frt_attn_decode_cells_a_block(n_kv);
+        plan.cells_lane = decode_cells_lane;
+        return plan;
+    }
+    const size_t fixed    = decode_smem_bytes(d, 0, pairs);
+    const size_t per_cell = (size_t) (d + 8) * sizeof(__half) + (size_t) d * sizeof(__half);
+    const int    fit      = fixed >= (size_t) decode_max_smem ? 0 : (int) ((decode_max_smem - fixed) / per_cell);
+    const int    cap      = std::min(32 * decode_long_cells_lane, fit);
+    if (cap < 32) {
+        return plan;
+    }
+    const auto ceil_div = [](int x, int y) { return (x + y - 1) / y; };
+    const int  need     = ceil_div(n_kv, decode_split * cap);
+    const int  wave     = std::max(1, sms / (decode_split * heads_kv));
+    const int  useful   = ceil_div(n_kv, decode_split * 64);
+    const int  chunks   = std::max(need, std::min(wave, useful));
+    if (chunks > decode_max_chunks) {
+        return plan;
+    }
+    plan.chunks     = chunks;
+    plan.cells      = ceil_div(n_kv, decode_split * chunks);
+    plan.cells_lane = decode_long_cells_lane;
+    return plan;
 }
 
 const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv) {
@@ -298,34 +408,85 @@ const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q
     if (n_q < 1 || n_q > FRT_ATTN_DECODE_MAX_TOKENS || n_q * (heads / heads_kv) > FRT_ATTN_DECODE_MAX_PAIRS) {
         return "more than 8 query tokens, or more than 64 query rows a key/value head";
     }
-    if (n_kv < 1 || n_kv > FRT_ATTN_DECODE_MAX_KV) {
-        return "more than 1024 cells (stock's split kernels suit long caches)";
+    if (n_kv < 1 || n_kv > FRT_ATTN_DECODE_MAX_KV_LONG) {
+        return "more than 32768 cells";
+    }
+    // The fewest clusters a head (one SM): a shape that does not fit then never does.
+    if (decode_plan_of(d, heads_kv, n_q * (heads / heads_kv), n_kv, 1).chunks == 0) {
+        return "a long cache's blocks do not fit shared memory beside this many query rows";
     }
     return nullptr;
 }
 
-template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, cudaStream_t stream) {
+static int decode_sms() {
+    int device = 0, sms = 1;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        return 1;
+    }
+    return sms;
+}
+
+static decode_plan decode_plan_of(const frt_attn_decode_args & a) {
+    if (frt_attn_decode_unsupported(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv) != nullptr) {
+        return {};
+    }
+    return decode_plan_of(a.d, a.heads_kv, a.n_q * (a.heads / a.heads_kv), a.n_kv,
+                          a.n_kv > FRT_ATTN_DECODE_MAX_KV ? decode_sms() : 1);
+}
+
+int frt_attn_decode_chunks(const frt_attn_decode_args & a) {
+    return decode_plan_of(a).chunks;
+}
+
+size_t frt_attn_decode_scratch_bytes(const frt_attn_decode_args & a) {
+    const decode_plan plan = decode_plan_of(a);
+    if (plan.chunks <= 1) {
+        return 0;
+    }
+    return (size_t) a.heads_kv * plan.chunks * a.n_q * (a.heads / a.heads_kv) * (a.d + 4) * sizeof(float);
+}
+
+template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, const decode_plan & plan,
+                                                  cudaStream_t stream) {
     int         device = 0;
     cudaError_t err    = cudaGetDevice(&device);
-    if (err == cudaSuccess) {  // the most any launch asks: 128 cells a block, 64 query rows
-        err = frt_allow_smem<frt_attn_decode_kernel<D>>(
-            device, (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS));
+    const int   pairs  = a.n_q * (a.heads / a.heads_kv);
+    const size_t smem  = decode_smem_bytes(D, plan.cells, pairs);
+    if (plan.cells_lane == decode_cells_lane) {
+        if (err == cudaSuccess) {  // the most any launch asks: 128 cells a block, 64 query rows
+            err = frt_allow_smem<frt_attn_decode_kernel<D, decode_cells_lane, false>>(
+                device, (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS));
+        }
+        return err != cudaSuccess ? err :
+                                    frt_launch_clustered(frt_attn_decode_kernel<D, decode_cells_lane, false>,
+                                                         dim3(decode_split, a.heads_kv), dim3(decode_threads), smem,
+                                                         stream, decode_split, a);
     }
-    if (err != cudaSuccess) {
-        return err;
+    if (err == cudaSuccess) {  // decode_plan_of keeps every long launch within it
+        err = frt_allow_smem<frt_attn_decode_kernel<D, decode_long_cells_lane, true>>(device, decode_max_smem);
     }
-    const size_t smem = decode_smem_bytes(D, frt_attn_decode_cells_a_block(a.n_kv), a.n_q * (a.heads / a.heads_kv));
-    return frt_launch_clustered(frt_attn_decode_kernel<D>, dim3(decode_split, a.heads_kv), dim3(decode_threads), smem,
-                                stream, decode_split, a);
+    if (err == cudaSuccess) {
+        err = frt_launch_clustered(frt_attn_decode_kernel<D, decode_long_cells_lane, true>,
+                                   dim3(decode_split, a.heads_kv, plan.chunks), dim3(decode_threads), smem, stream,
+                                   decode_split, a);
+    }
+    if (err == cudaSuccess && plan.chunks > 1) {
+        const int rows = pairs * a.heads_kv;
+        err = frt_launch(frt_attn_decode_combine_kernel<D>, dim3((rows + decode_warps - 1) / decode_warps),
+                         dim3(decode_threads), 0, stream, a, plan.chunks);
+    }
+    return err;
 }
 
 cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream) {
-    if (frt_attn_decode_unsupported(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv) != nullptr) {
+    const decode_plan plan = decode_plan_of(a);
+    if (plan.chunks == 0 || (plan.chunks > 1 && a.scratch == nullptr)) {
         return cudaErrorInvalidValue;
     }
     switch (a.d) {
-        case 64:  return decode_launch<64>(a, stream);
-        case 128: return decode_launch<128>(a, stream);
-        default:  return decode_launch<256>(a, stream);
+        case 64:  return decode_launch<64>(a, plan, stream);
+        case 128: return decode_launch<128>(a, plan, stream);
+        default:  return decode_launch<256>(a, plan, stream);
     }
 }

@@ -14,6 +14,11 @@
 //
 // Optionally multiplies the output by sigmoid(gate) (frt_attn_decode_args::gate) as it writes it.
 //
+// Longer caches (up to FRT_ATTN_DECODE_MAX_KV_LONG cells): several clusters a key/value head, each
+// over its run of cells (up to 192 cells a block, as many clusters as fill one wave of the SMs),
+// write their rows' partials (max, sum, weighted V) to a scratch buffer, and a second kernel
+// combines them, a warp a query row, in chunk order (the same bits launch after launch).
+//
 // Plain pointers and strides (elements), no ggml types. out must not overlap any input, except Q
 // or the gate element for element (each element of out at the address of the same element of Q or
 // of the gate): a cluster writes its query rows only after its barrier, and Q's rows of a key/value
@@ -26,7 +31,8 @@
 
 constexpr int FRT_ATTN_DECODE_MAX_TOKENS = 8;
 constexpr int FRT_ATTN_DECODE_SPLIT      = 8;     // blocks a key/value head (a portable cluster)
-constexpr int FRT_ATTN_DECODE_MAX_KV     = 1024;  // 128 cells a block; longer caches: stock's split kernels
+constexpr int FRT_ATTN_DECODE_MAX_KV     = 1024;  // one cluster a key/value head, 128 cells a block
+constexpr int FRT_ATTN_DECODE_MAX_KV_LONG = 32768; // several clusters a head and the combine kernel
 constexpr int FRT_ATTN_DECODE_MAX_PAIRS  = 64;    // query tokens x query heads of one key/value head
 
 struct frt_attn_decode_args {
@@ -53,18 +59,29 @@ struct frt_attn_decode_args {
     // i of head h of token t at gate + t*gate_token + h*gate_head + i.
     const float *  gate;
     int64_t        gate_token, gate_head;
+    // Caches of more than FRT_ATTN_DECODE_MAX_KV cells: frt_attn_decode_scratch_bytes(*this) bytes
+    // of device memory for the partials (nothing else reads or writes them meanwhile).
+    float *        scratch;
 };
 
-// Cells a block of the cluster takes.
+// Cells a block of the cluster takes (caches of at most FRT_ATTN_DECODE_MAX_KV cells).
 __host__ __device__ inline int frt_attn_decode_cells_a_block(int n_kv) {
     return (n_kv + FRT_ATTN_DECODE_SPLIT - 1) / FRT_ATTN_DECODE_SPLIT;
 }
 
+// Clusters a key/value head a launch on the current device uses (1 up to FRT_ATTN_DECODE_MAX_KV
+// cells), or 0 for a shape the kernel does not take.
+int frt_attn_decode_chunks(const frt_attn_decode_args & a);
+
+// Scratch the launch needs (frt_attn_decode_args::scratch): 0 for one cluster a head.
+size_t frt_attn_decode_scratch_bytes(const frt_attn_decode_args & a);
+
 // Whether the kernel takes this shape (nullptr) or why not.
 const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv);
 
-// Launches the kernel on `stream` (PDL when enabled); capture-safe. Returns the launch error
-// (cudaErrorInvalidValue for shapes it does not take).
+// Launches the kernel (and for long caches the combine kernel) on `stream` (PDL when enabled);
+// capture-safe. Returns the launch error (cudaErrorInvalidValue for shapes it does not take, and
+// for a long cache without scratch).
 cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream);
 
 #ifdef FRT_ATTN_DECODE_TRACE

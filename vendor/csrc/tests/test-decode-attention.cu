@@ -7,8 +7,10 @@
 // the first halves NaN) and must give sigmoid(gate) * attention within the same bound, and the
 // same bits as the ungated launch's output through stock's SIGMOID and MUL expressions (a small
 // kernel here: host and device expf may round differently), also written in place over Q or over
-// the gate (not poisoned then: the input is restored before each launch). Bad shapes must be
-// refused. Needs a GPU (sm_90: thread-block clusters):
+// the gate (not poisoned then: the input is restored before each launch). Caches of more than
+// FRT_ATTN_DECODE_MAX_KV cells run on several clusters a head and the combine kernel, with a
+// scratch poisoned before the first launch. Bad shapes must be refused, and a long cache without
+// scratch. Needs a GPU (sm_90: thread-block clusters):
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/*.cu \
 //        vendor/csrc/tests/test-decode-attention.cu -o test-decode-attention && ./test-decode-attention
 
@@ -151,7 +153,7 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
         }
     }
 
-    float *  d_q = nullptr, *d_out = nullptr, *d_gate = nullptr, *d_expect = nullptr;
+    float *  d_q = nullptr, *d_out = nullptr, *d_gate = nullptr, *d_expect = nullptr, *d_scratch = nullptr;
     __half * d_k = nullptr, *d_v = nullptr, *d_mask = nullptr;
     std::vector<__half> mask16(mask.size());
     for (size_t i = 0; i < mask.size(); ++i) {
@@ -180,6 +182,11 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     a.mask = dc.mask == mask_kind::none ? nullptr : d_mask, a.mask_row = N;
     a.out = d_out, a.out_token = (int64_t) d * H, a.out_head = d;
     a.scale = scale;
+    const size_t scratch = frt_attn_decode_scratch_bytes(a);
+    if (scratch > 0) {
+        d_scratch = upload_poisoned(scratch / sizeof(float));
+        a.scratch = d_scratch;
+    }
 
     // Gated: the ungated launch's output through stock's expressions, for the bits.
     std::vector<float> expect;
@@ -239,13 +246,13 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     const bool same   = std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)) == 0;
     const bool stock_bits = !dc.gated || std::memcmp(got[0].data(), expect.data(), expect.size() * sizeof(float)) == 0;
     // Outputs are averages of values in [-1, 1] (gated: times a sigmoid in (0, 1)); float sums over
-    // <= 1024 cells stay within 1e-5.
+    // <= 1024 cells stay within 1e-5, over 16384 cells (in chunks) within a few times that.
     const bool ok     = not_finite == 0 && max_err <= 1e-4 && same && stock_bits;
-    std::printf("%s %-52s d %3d heads %2d/%d tokens %d cells %4d (%3d a block): max err %.2e, %d not finite%s%s\n",
-                ok ? "ok  " : "FAIL", dc.name, d, H, G, T, N, frt_attn_decode_cells_a_block(N), max_err, not_finite,
+    std::printf("%s %-52s d %3d heads %2d/%d tokens %d cells %5d (%2d clusters a head): max err %.2e, %d not finite%s%s\n",
+                ok ? "ok  " : "FAIL", dc.name, d, H, G, T, N, frt_attn_decode_chunks(a), max_err, not_finite,
                 same ? "" : ", second launch differs", stock_bits ? "" : ", not stock's bits for the gate");
     cudaFree(d_q), cudaFree(d_out), cudaFree(d_k), cudaFree(d_v), cudaFree(d_mask);
-    cudaFree(d_gate), cudaFree(d_expect);
+    cudaFree(d_gate), cudaFree(d_expect), cudaFree(d_scratch);
     return ok ? 0 : 1;
 }
 
@@ -258,7 +265,7 @@ static int run_refusals() {
         { 256, 16, 3, 1, 256 },  // heads not a multiple of heads_kv
         { 256, 16, 2, 9, 256 },  // tokens
         { 256, 16, 1, 8, 256 },  // 128 query rows of one key/value head
-        { 256, 16, 2, 1, 2000 }, // cells
+        { 256, 16, 2, 1, 40000 },  // cells
     };
     int failed = 0;
     for (const refusal & r : shapes) {
@@ -268,7 +275,13 @@ static int run_refusals() {
                              frt_attn_decode_unsupported(r.d, r.heads, r.heads_kv, r.n_q, r.n_kv) != nullptr;
         failed += !refused;
     }
-    std::printf("%s refusals of bad shapes\n", failed ? "FAIL" : "ok  ");
+    // A long cache the kernel takes, launched without its scratch.
+    frt_attn_decode_args a = {};
+    a.d = 256, a.heads = 16, a.heads_kv = 2, a.n_q = 1, a.n_kv = 8448;
+    const bool long_refused = frt_attn_decode_unsupported(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv) == nullptr &&
+                              frt_attn_decode_scratch_bytes(a) > 0 && frt_attn_decode(a, 0) == cudaErrorInvalidValue;
+    failed += !long_refused;
+    std::printf("%s refusals of bad shapes, and of a long cache without scratch\n", failed ? "FAIL" : "ok  ");
     return failed ? 1 : 0;
 }
 
@@ -289,6 +302,16 @@ int main() {
         { "gated: one query head a KV head, 3 tokens", 64, 8, 8, 3, 20, mask_kind::prefix, 20, true },
         { "gated, in place over Q", 256, 16, 2, 2, 256, mask_kind::prefix, 200, true, out_place::over_q },
         { "gated, in place over the gate", 128, 32, 4, 4, 300, mask_kind::random, 0, true, out_place::over_gate },
+        { "long: qwen36 decode, causal over 8000 of 8448 cells", 256, 16, 2, 1, 8448, mask_kind::prefix, 8000 },
+        { "long: gated, qwen36 decode over 16384 cells", 256, 16, 2, 1, 16384, mask_kind::prefix, 16384, true },
+        { "long: 100 of 4096 cells seen (chunks wholly hidden)", 256, 16, 2, 2, 4096, mask_kind::prefix, 100 },
+        { "long: 64 query rows a KV head, 8 tokens, 3000 cells", 256, 16, 2, 8, 3000, mask_kind::random, 0 },
+        { "long: qwen3 shape, 2 tokens, 1025 cells, no mask", 128, 32, 4, 2, 1025, mask_kind::none, 0 },
+        { "long: one query head a KV head, 1500 cells", 64, 8, 8, 1, 1500, mask_kind::prefix, 1500 },
+        { "long: gated, in place over Q, 2048 cells", 256, 16, 2, 2, 2048, mask_kind::prefix, 2000, true,
+          out_place::over_q },
+        { "long: gated, in place over the gate, 5000 cells", 128, 32, 4, 4, 5000, mask_kind::random, 0, true,
+          out_place::over_gate },
     };
     int failed = 0;
     for (const decode_case & dc : cases) {
