@@ -10,6 +10,14 @@ static bool aligned16(const ggml_tensor * t) {
     return t->nb[0] == sizeof(ggml_fp16_t) && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && (uintptr_t) t->data % 16 == 0;
 }
 
+// Caches of more than FRT_ATTN_DECODE_MAX_KV cells (several clusters a key/value head and the
+// combine kernel, decode-attention.cuh): taken with GGML_FLASHRT_ATTN_DECODE_LONG=1 until measured
+// in decode against stock's split kernels.
+static bool attn_decode_long_enabled() {
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_DECODE_LONG", false);
+    return enabled;
+}
+
 // Predicate first; each miss names its reason (GGML_FLASHRT_DEBUG=1 prints them).
 static const char * attn_decode_miss(const ggml_tensor * fa) {
     const ggml_tensor * q = fa->src[0], *k = fa->src[1], *v = fa->src[2], *mask = fa->src[3];
@@ -25,6 +33,9 @@ static const char * attn_decode_miss(const ggml_tensor * fa) {
     }
     if (const char * why = frt_attn_decode_unsupported((int) d, (int) heads, (int) heads_kv, (int) n_q, (int) n_kv)) {
         return why;
+    }
+    if (n_kv > FRT_ATTN_DECODE_MAX_KV && !attn_decode_long_enabled()) {
+        return "more than 1024 cells (GGML_FLASHRT_ATTN_DECODE_LONG=1 takes them: not yet measured in decode)";
     }
     if (heads_kv > 65535) {
         return "more than 65535 key/value heads (the launch's grid)";
@@ -219,6 +230,13 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
         a.out_head   = a.d;
         a.out_token  = ag.out->nb[1] / sizeof(float);
         flashrt_global_stats().attn_gates++;
+    }
+    // A long cache's partials: from the pool, as ggml-cuda's own temporaries (the same address at
+    // each capture of the graph).
+    const size_t                  scratch_bytes = frt_attn_decode_scratch_bytes(a);
+    ggml_cuda_pool_alloc<float>   scratch(ctx.pool());
+    if (scratch_bytes > 0) {
+        a.scratch = scratch.alloc((scratch_bytes + sizeof(float) - 1) / sizeof(float));
     }
     CUDA_CHECK(frt_attn_decode(a, ctx.stream()));
 }
