@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares .xtask/device/ on a CPU machine for the device scripts (bench/README.md): the release
 # xtask, the pinned llama.cpp packed, the commit the results are recorded under, and (unless
-# VENDOR=0) the vendor kernel tests, gemv-bench and tail-bench built for sm_90a with the pinned
+# VENDOR=0) the vendor kernel tests, gemv-bench, tail-bench and attn-decode-bench built for sm_90a with the pinned
 # CUDA toolkit (the pip nvcc xtask installs into .xtask/toolchains), packed as vendor-tests.tar.xz,
 # the form ab.sh and diagnose.sh unpack. PROBES=1 also builds bench/tools' probes into .xtask/probe/.
 # Objects are kept in .xtask/vendor-objects and rebuilt when their source or a header is newer.
@@ -40,7 +40,8 @@ if [ "${VENDOR:-1}" = 1 ]; then
     mkdir -p "$objects"
     flags=(-std=c++17 -O3 -arch=sm_90a -I "$root/vendor/csrc" -I "$root/bench/tools")
     newest_header=$(stat -c %Y vendor/csrc/*.cuh vendor/csrc/tests/*.cuh bench/tools/*.cuh | sort -n | tail -1)
-    sources=(vendor/csrc/*.cu vendor/csrc/tests/*.cu bench/tools/gemv-bench.cu bench/tools/tail-bench.cu)
+    sources=(vendor/csrc/*.cu vendor/csrc/tests/*.cu bench/tools/gemv-bench.cu bench/tools/tail-bench.cu
+        bench/tools/attn-decode-bench.cu)
     echo "==> vendor objects for sm_90a (${#sources[@]} files, $jobs at a time)"
     stale=()
     for src in "${sources[@]}"; do
@@ -59,14 +60,14 @@ if [ "${VENDOR:-1}" = 1 ]; then
     for src in vendor/csrc/*.cu; do
         library+=("$objects/$(basename "$src" .cu).o")
     done
-    echo "==> linking the vendor tests, gemv-bench and tail-bench"
+    echo "==> linking the vendor tests, gemv-bench, tail-bench and attn-decode-bench"
     stage=$(mktemp -d)
     trap 'rm -rf "$stage"' EXIT
     for test in vendor/csrc/tests/*.cu; do
         name=$(basename "$test" .cu)
         "$nvcc" -arch=sm_90a "$objects/$name.o" "${library[@]}" -L "$cuda_lib" -o "$stage/$name"
     done
-    for bench in gemv-bench tail-bench; do
+    for bench in gemv-bench tail-bench attn-decode-bench; do
         "$nvcc" -arch=sm_90a "$objects/$bench.o" "${library[@]}" -L "$cuda_lib" -o "$stage/$bench"
     done
     tar -cf - -C "$stage" . | xz -9 -T "$jobs" > .xtask/device/vendor-tests.tar.xz

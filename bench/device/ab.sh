@@ -35,7 +35,8 @@
 # a CPU machine with the pip nvcc (nvcc -std=c++17 -arch=sm_90a -I vendor/csrc TEST vendor objects),
 # packed with `tar -cf - test-* | xz -9 -T1` (gemv-bench beside them, bench/tools/gemv-bench.cu
 # linked the same way, adds its exact-kernel rows under each setting; tail-bench, from
-# bench/tools/tail-bench.cu, MOE_TAIL's µs under each setting; fifo-probe, from
+# bench/tools/tail-bench.cu, MOE_TAIL's µs under each setting; attn-decode-bench, ATTN_DECODE's
+# kernels alone from 8 to 16384 cells; fifo-probe, from
 # bench/tools/fifo-probe.cu, its table).
 # ARCHIVE_AT=SECONDS: $OUT/all.tgz is also written that many seconds after the start, so that a call
 # cut off by its time limit (e.g. ARCHIVE_AT=560 under `timeout 575`) still brings back every file
@@ -162,6 +163,12 @@ check)
             timeout 60 env "${ab[@]}" /tmp/vendor-tests/tail-bench > "$out/tail-bench-ab$i.md" 2>&1
             say "tail-bench ${ab[*]}: $(grep -E '^\| (plain|norm)' "$out/tail-bench-ab$i.md" | tr -s ' ' | tr '\n' ' ')"
         done
+    fi
+    # attn-decode-bench, when packed with the tests: ATTN_DECODE's kernels alone at qwen36's shape,
+    # 8 to 16384 cells, caches hot and cold (attn-decode-bench.md).
+    if [ -x /tmp/vendor-tests/attn-decode-bench ]; then
+        timeout 120 /tmp/vendor-tests/attn-decode-bench > "$out/attn-decode-bench.md" 2>&1
+        say "attn-decode-bench: $(grep -E '^\| attn n_kv=(1024|2048|8448|16384) .*cold' "$out/attn-decode-bench.md" | tr -s ' ' | tr '\n' ' ')"
     fi
     # gemv-bench, when packed with the tests: the exact kernel at every decode shape, 1 token, under
     # the default and each experiment (gemv-bench-*.md); with GEMV_AFTER=NAME also the shapes of
