@@ -14,6 +14,7 @@
 #                   graph takes), then 40-layer parity of the default (~4 min, +1 a further experiment)
 # AB: the experiments' settings, e.g. AB="GGML_FLASHRT_HEAD_KERNEL=0": within one experiment
 # space-separated, experiments separated by ';' (AB="A=1;A=1 B=4"). ROUNDS: bench rounds (3).
+# TESTS=tg128@d8192: the tests the experiments are benched at (tg128 by default).
 # EXTRA_TESTS="pp512,tg128@d8192": bench (and check without BENCH=0) also runs these tests, the
 # default against stock only, ROUNDS rounds (bench-extra.log).
 # AB_PARITY=1: the 4-layer parity under each experiment too (for one that is not stock's bits).
@@ -104,8 +105,8 @@ bench_and_parity() {  # bench of stock, the default and the experiments interlea
         read -r -a ab <<< "$e"
         also+=(--also "$(IFS=,; echo "${ab[*]}")")
     done
-    "$xtask" bench --model "$model" --arch 90a --rounds "${ROUNDS:-3}" --tests tg128 "${also[@]}" > "$out/bench.log" 2>&1
-    grep -E '^\| tg128' "$out/bench.log" | while read -r line; do say "bench: $line"; done
+    "$xtask" bench --model "$model" --arch 90a --rounds "${ROUNDS:-3}" --tests "${TESTS:-tg128}" "${also[@]}" > "$out/bench.log" 2>&1
+    grep -E '^\| (pp|tg)[0-9]' "$out/bench.log" | while read -r line; do say "bench: $line"; done
     # Each bench's JSON kept as it is written: both runs of a call write the same results file.
     results_file "$out/bench.log" bench.json
     if [ -n "${EXTRA_TESTS:-}" ]; then  # the default alone against stock (no experiments)
