@@ -41,7 +41,6 @@ static_assert(FRT_ATTN_DECODE_MAX_KV % (32 * FRT_ATTN_DECODE_SPLIT) == 0, "a blo
 // of the combine's warp each).
 constexpr int decode_long_cells_lane = 6;
 constexpr int decode_max_chunks      = 32;
-constexpr int decode_max_smem        = 227 * 1024;  // sm_90's and sm_100's opt-in shared memory a block
 static_assert(FRT_ATTN_DECODE_MAX_PAIRS <= decode_split * decode_warps,
               "a warp of the cluster combines at most one query row");
 
@@ -303,7 +302,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
 #pragma unroll
             for (int i = 0; i < E; ++i) {
                 const float attention = sum > 0.0f ? o[i] / sum : 0.0f;
-                out[i] = a.gate != nullptr ? gate_sigmoid[i] * attention : attention;  // stock's fused SIGMOID-MUL order
+                out[i] = a.gate != nullptr ? gate_sigmoid[i] * attention : attention;  // stock's SIGMOID-MUL order
             }
         }
     }
@@ -353,11 +352,13 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_combine
         }
     }
     float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
-    const float * gp = a.gate != nullptr ? a.gate + (int64_t) t * a.gate_token + (int64_t) h * a.gate_head + lane * E : nullptr;
+    const float * gp =
+        a.gate != nullptr ? a.gate + (int64_t) t * a.gate_token + (int64_t) h * a.gate_head + lane * E : nullptr;
 #pragma unroll
     for (int i = 0; i < E; ++i) {
         const float attention = sum > 0.0f ? o[i] / sum : 0.0f;
-        out[i] = gp != nullptr ? (1.0f / (1.0f + expf(-gp[i]))) * attention : attention;  // stock's fused SIGMOID-MUL order
+        // ggml-cuda's op_sigmoid, then stock's fused SIGMOID-MUL order
+        out[i] = gp != nullptr ? (1.0f / (1.0f + expf(-gp[i]))) * attention : attention;
     }
 }
 
@@ -366,10 +367,25 @@ struct decode_plan {
     int chunks = 0, cells = 0, cells_lane = 0;
 };
 
-// Long caches: as many cells a block as shared memory holds beside the query rows and partials
-// (at most 32 * decode_long_cells_lane), then as many clusters a head as one wave of the device's
+// The current device's SMs and the shared memory a block may opt in to.
+struct decode_device {
+    int sms = 1, smem = 48 * 1024;
+};
+
+static decode_device decode_device_now() {
+    decode_device dev;
+    int           device = 0;
+    if (cudaGetDevice(&device) == cudaSuccess) {
+        cudaDeviceGetAttribute(&dev.sms, cudaDevAttrMultiProcessorCount, device);
+        cudaDeviceGetAttribute(&dev.smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    }
+    return dev;
+}
+
+// Long caches: as many cells a block as the device's shared memory holds beside the query rows and
+// partials (at most 32 * decode_long_cells_lane), then as many clusters a head as one wave of its
 // SMs takes (a block an SM: its shared memory), each block keeping at least 64 cells.
-static decode_plan decode_plan_of(int d, int heads_kv, int pairs, int n_kv, int sms) {
+static decode_plan decode_plan_of(int d, int heads_kv, int pairs, int n_kv, const decode_device & dev) {
     decode_plan plan;
     if (n_kv <= FRT_ATTN_DECODE_MAX_KV) {
         plan.chunks     = 1;
@@ -379,14 +395,14 @@ static decode_plan decode_plan_of(int d, int heads_kv, int pairs, int n_kv, int 
     }
     const size_t fixed    = decode_smem_bytes(d, 0, pairs);
     const size_t per_cell = (size_t) (d + 8) * sizeof(__half) + (size_t) d * sizeof(__half);
-    const int    fit      = fixed >= (size_t) decode_max_smem ? 0 : (int) ((decode_max_smem - fixed) / per_cell);
+    const int    fit      = fixed >= (size_t) dev.smem ? 0 : (int) (((size_t) dev.smem - fixed) / per_cell);
     const int    cap      = std::min(32 * decode_long_cells_lane, fit);
     if (cap < 32) {
         return plan;
     }
     const auto ceil_div = [](int x, int y) { return (x + y - 1) / y; };
     const int  need     = ceil_div(n_kv, decode_split * cap);
-    const int  wave     = std::max(1, sms / (decode_split * heads_kv));
+    const int  wave     = std::max(1, dev.sms / (decode_split * heads_kv));
     const int  useful   = ceil_div(n_kv, decode_split * 64);
     const int  chunks   = std::max(need, std::min(wave, useful));
     if (chunks > decode_max_chunks) {
@@ -411,20 +427,11 @@ const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q
     if (n_kv < 1 || n_kv > FRT_ATTN_DECODE_MAX_KV_LONG) {
         return "more than 32768 cells";
     }
-    // The fewest clusters a head (one SM): a shape that does not fit then never does.
-    if (decode_plan_of(d, heads_kv, n_q * (heads / heads_kv), n_kv, 1).chunks == 0) {
-        return "a long cache's blocks do not fit shared memory beside this many query rows";
+    if (n_kv > FRT_ATTN_DECODE_MAX_KV &&
+        decode_plan_of(d, heads_kv, n_q * (heads / heads_kv), n_kv, decode_device_now()).chunks == 0) {
+        return "a long cache's blocks do not fit the device's shared memory beside this many query rows";
     }
     return nullptr;
-}
-
-static int decode_sms() {
-    int device = 0, sms = 1;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-        return 1;
-    }
-    return sms;
 }
 
 static decode_plan decode_plan_of(const frt_attn_decode_args & a) {
@@ -432,7 +439,7 @@ static decode_plan decode_plan_of(const frt_attn_decode_args & a) {
         return {};
     }
     return decode_plan_of(a.d, a.heads_kv, a.n_q * (a.heads / a.heads_kv), a.n_kv,
-                          a.n_kv > FRT_ATTN_DECODE_MAX_KV ? decode_sms() : 1);
+                          a.n_kv > FRT_ATTN_DECODE_MAX_KV ? decode_device_now() : decode_device{});
 }
 
 int frt_attn_decode_chunks(const frt_attn_decode_args & a) {
@@ -463,8 +470,8 @@ template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a
                                                          dim3(decode_split, a.heads_kv), dim3(decode_threads), smem,
                                                          stream, decode_split, a);
     }
-    if (err == cudaSuccess) {  // decode_plan_of keeps every long launch within it
-        err = frt_allow_smem<frt_attn_decode_kernel<D, decode_long_cells_lane, true>>(device, decode_max_smem);
+    if (err == cudaSuccess) {  // decode_plan_of keeps every long launch within the device's opt-in
+        err = frt_allow_smem<frt_attn_decode_kernel<D, decode_long_cells_lane, true>>(device, decode_device_now().smem);
     }
     if (err == cudaSuccess) {
         err = frt_launch_clustered(frt_attn_decode_kernel<D, decode_long_cells_lane, true>,
