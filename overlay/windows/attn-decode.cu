@@ -31,11 +31,11 @@ static const char * attn_decode_miss(const ggml_tensor * fa) {
     if (k->ne[0] != d || v->ne[0] != d || v->ne[1] != n_kv || v->ne[2] != heads_kv) {
         return "K and V shapes differ from Q's head size or from each other";
     }
-    if (const char * why = frt_attn_decode_unsupported((int) d, (int) heads, (int) heads_kv, (int) n_q, (int) n_kv)) {
-        return why;
-    }
     if (n_kv > FRT_ATTN_DECODE_MAX_KV && !attn_decode_long_enabled()) {
         return "more than 1024 cells (GGML_FLASHRT_ATTN_DECODE_LONG=1 takes them: not yet measured in decode)";
+    }
+    if (const char * why = frt_attn_decode_unsupported((int) d, (int) heads, (int) heads_kv, (int) n_q, (int) n_kv)) {
+        return why;
     }
     if (heads_kv > 65535) {
         return "more than 65535 key/value heads (the launch's grid)";
