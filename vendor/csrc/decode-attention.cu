@@ -382,15 +382,20 @@ static decode_device decode_device_now() {
     return dev;
 }
 
-// Long caches: as many cells a block as the device's shared memory holds beside the query rows and
-// partials (at most 32 * decode_long_cells_lane), then as many clusters a head as one wave of its
-// SMs takes (a block an SM: its shared memory), each block keeping at least 64 cells.
+// Up to FRT_ATTN_DECODE_MAX_KV cells: one cluster a head, its blocks' cells within the device's
+// shared memory (sm_120's 99 KB take fewer cells than sm_90's 227 KB). Longer caches: as many cells
+// a block as the device's shared memory holds beside the query rows and partials (at most
+// 32 * decode_long_cells_lane), then as many clusters a head as one wave of its SMs takes (a block
+// an SM: its shared memory), each block keeping at least 64 cells. No plan (chunks 0): a shape
+// the device cannot take.
 static decode_plan decode_plan_of(int d, int heads_kv, int pairs, int n_kv, const decode_device & dev) {
     decode_plan plan;
     if (n_kv <= FRT_ATTN_DECODE_MAX_KV) {
-        plan.chunks     = 1;
-        plan.cells      = frt_attn_decode_cells_a_block(n_kv);
-        plan.cells_lane = decode_cells_lane;
+        if (decode_smem_bytes(d, frt_attn_decode_cells_a_block(n_kv), pairs) <= (size_t) dev.smem) {
+            plan.chunks     = 1;
+            plan.cells      = frt_attn_decode_cells_a_block(n_kv);
+            plan.cells_lane = decode_cells_lane;
+        }
         return plan;
     }
     const size_t fixed    = decode_smem_bytes(d, 0, pairs);
@@ -414,7 +419,7 @@ static decode_plan decode_plan_of(int d, int heads_kv, int pairs, int n_kv, cons
     return plan;
 }
 
-const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv) {
+const char * frt_attn_decode_unsupported_on(int d, int heads, int heads_kv, int n_q, int n_kv, int sms, int smem) {
     if (d != 64 && d != 128 && d != 256) {
         return "head size not 64, 128 or 256";
     }
@@ -427,19 +432,26 @@ const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q
     if (n_kv < 1 || n_kv > FRT_ATTN_DECODE_MAX_KV_LONG) {
         return "more than 32768 cells";
     }
-    if (n_kv > FRT_ATTN_DECODE_MAX_KV &&
-        decode_plan_of(d, heads_kv, n_q * (heads / heads_kv), n_kv, decode_device_now()).chunks == 0) {
-        return "a long cache's blocks do not fit the device's shared memory beside this many query rows";
+    decode_device dev;
+    dev.sms  = sms;
+    dev.smem = smem;
+    if (decode_plan_of(d, heads_kv, n_q * (heads / heads_kv), n_kv, dev).chunks == 0) {
+        return "the blocks' cells do not fit the device's shared memory beside this many query rows";
     }
     return nullptr;
 }
 
+const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv) {
+    const decode_device dev = decode_device_now();
+    return frt_attn_decode_unsupported_on(d, heads, heads_kv, n_q, n_kv, dev.sms, dev.smem);
+}
+
 static decode_plan decode_plan_of(const frt_attn_decode_args & a) {
-    if (frt_attn_decode_unsupported(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv) != nullptr) {
+    const decode_device dev = decode_device_now();
+    if (frt_attn_decode_unsupported_on(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv, dev.sms, dev.smem) != nullptr) {
         return {};
     }
-    return decode_plan_of(a.d, a.heads_kv, a.n_q * (a.heads / a.heads_kv), a.n_kv,
-                          a.n_kv > FRT_ATTN_DECODE_MAX_KV ? decode_device_now() : decode_device{});
+    return decode_plan_of(a.d, a.heads_kv, a.n_q * (a.heads / a.heads_kv), a.n_kv, dev);
 }
 
 int frt_attn_decode_chunks(const frt_attn_decode_args & a) {
@@ -461,9 +473,11 @@ template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a
     const int   pairs  = a.n_q * (a.heads / a.heads_kv);
     const size_t smem  = decode_smem_bytes(D, plan.cells, pairs);
     if (plan.cells_lane == decode_cells_lane) {
-        if (err == cudaSuccess) {  // the most any launch asks: 128 cells a block, 64 query rows
+        if (err == cudaSuccess) {  // the most a launch asks (128 cells a block, 64 query rows), or the device's
+            const int most =
+                (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS);
             err = frt_allow_smem<frt_attn_decode_kernel<D, decode_cells_lane, false>>(
-                device, (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS));
+                device, std::min(most, decode_device_now().smem));
         }
         return err != cudaSuccess ? err :
                                     frt_launch_clustered(frt_attn_decode_kernel<D, decode_cells_lane, false>,

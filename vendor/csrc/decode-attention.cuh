@@ -76,8 +76,11 @@ int frt_attn_decode_chunks(const frt_attn_decode_args & a);
 // Scratch the launch needs (frt_attn_decode_args::scratch): 0 for one cluster a head.
 size_t frt_attn_decode_scratch_bytes(const frt_attn_decode_args & a);
 
-// Whether the kernel takes this shape (nullptr) or why not.
+// Whether the kernel takes this shape on the current device (nullptr) or why not: its blocks' shared
+// memory must fit the device's (a short cache's 128 cells a block do not fit sm_120's 99 KB).
 const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv);
+// The same for a device of `sms` SMs and `smem` bytes of opt-in shared memory a block.
+const char * frt_attn_decode_unsupported_on(int d, int heads, int heads_kv, int n_q, int n_kv, int sms, int smem);
 
 // Launches the kernel (and for long caches the combine kernel) on `stream` (PDL when enabled);
 // capture-safe. Returns the launch error (cudaErrorInvalidValue for shapes it does not take, and

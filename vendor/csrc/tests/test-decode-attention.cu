@@ -248,7 +248,8 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     // Outputs are averages of values in [-1, 1] (gated: times a sigmoid in (0, 1)); float sums over
     // <= 1024 cells stay within 1e-5, over 16384 cells (in chunks) within a few times that.
     const bool ok     = not_finite == 0 && max_err <= 1e-4 && same && stock_bits;
-    std::printf("%s %-52s d %3d heads %2d/%d tokens %d cells %5d (%2d clusters a head): max err %.2e, %d not finite%s%s\n",
+    std::printf("%s %-52s d %3d heads %2d/%d tokens %d cells %5d (%2d clusters a head): max err %.2e, %d not "
+                "finite%s%s\n",
                 ok ? "ok  " : "FAIL", dc.name, d, H, G, T, N, frt_attn_decode_chunks(a), max_err, not_finite,
                 same ? "" : ", second launch differs", stock_bits ? "" : ", not stock's bits for the gate");
     cudaFree(d_q), cudaFree(d_out), cudaFree(d_k), cudaFree(d_v), cudaFree(d_mask);
@@ -281,7 +282,17 @@ static int run_refusals() {
     const bool long_refused = frt_attn_decode_unsupported(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv) == nullptr &&
                               frt_attn_decode_scratch_bytes(a) > 0 && frt_attn_decode(a, 0) == cudaErrorInvalidValue;
     failed += !long_refused;
-    std::printf("%s refusals of bad shapes, and of a long cache without scratch\n", failed ? "FAIL" : "ok  ");
+    // A device of sm_120's 99 KB: qwen36's head over 256 cells fits (32 cells a block), over 1024
+    // (128 a block) it does not, and 8448 cells go to more, smaller blocks; sm_90's 227 KB take all.
+    const int  sm120 = 99 * 1024, sm90 = 227 * 1024;
+    const bool fits  = frt_attn_decode_unsupported_on(256, 16, 2, 1, 256, 188, sm120) == nullptr &&
+                      frt_attn_decode_unsupported_on(256, 16, 2, 1, 1024, 188, sm120) != nullptr &&
+                      frt_attn_decode_unsupported_on(256, 16, 2, 1, 8448, 188, sm120) == nullptr &&
+                      frt_attn_decode_unsupported_on(256, 16, 2, 8, 1024, 132, sm90) == nullptr &&
+                      frt_attn_decode_unsupported_on(256, 16, 2, 8, 8448, 132, sm90) == nullptr;
+    failed += !fits;
+    std::printf("%s refusals of bad shapes, of a long cache without scratch, of blocks over the device's shared "
+                "memory\n", failed ? "FAIL" : "ok  ");
     return failed ? 1 : 0;
 }
 
