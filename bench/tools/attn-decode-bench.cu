@@ -199,8 +199,10 @@ int main() {
             frt_attn_decode_args shape_args = {};
             shape_args.d = d, shape_args.heads = heads, shape_args.heads_kv = heads_kv, shape_args.n_q = 1;
             shape_args.n_kv = s.n_kv;
-            std::printf("| attn n_kv=%d vis=%d %s (%d clusters a head) | %.2f |\n", s.n_kv, s.visible,
-                        cold ? "cold" : "hot", frt_attn_decode_chunks(shape_args), us);
+            std::printf("| attn n_kv=%d vis=%d %s (%d clusters a head, %d of %d resident) | %.2f |\n", s.n_kv,
+                        s.visible, cold ? "cold" : "hot", frt_attn_decode_chunks(shape_args),
+                        frt_attn_decode_resident_clusters(shape_args), frt_attn_decode_chunks(shape_args) * heads_kv,
+                        us);
 #ifdef FRT_ATTN_DECODE_TRACE
             if (s.n_kv <= FRT_ATTN_DECODE_MAX_KV) {  // the marks index one cluster a head
                 phase_rows.push_back(phase_row(s.n_kv, s.visible, cold));

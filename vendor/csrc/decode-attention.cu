@@ -466,26 +466,65 @@ size_t frt_attn_decode_scratch_bytes(const frt_attn_decode_args & a) {
     return (size_t) a.heads_kv * plan.chunks * a.n_q * (a.heads / a.heads_kv) * (a.d + 4) * sizeof(float);
 }
 
-template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, const decode_plan & plan,
-                                                  cudaStream_t stream) {
+// The shared memory the plan's instance may use, set once a device: for the one-cluster instance
+// the most a launch asks (128 cells a block, 64 query rows) or the device's most; for the long one
+// the device's (decode_plan_of keeps every long launch within it).
+template <int D> static cudaError_t decode_allow_smem(const decode_plan & plan) {
     int         device = 0;
     cudaError_t err    = cudaGetDevice(&device);
-    const int   pairs  = a.n_q * (a.heads / a.heads_kv);
-    const size_t smem  = decode_smem_bytes(D, plan.cells, pairs);
-    if (plan.cells_lane == decode_cells_lane) {
-        if (err == cudaSuccess) {  // the most a launch asks (128 cells a block, 64 query rows), or the device's
-            const int most =
-                (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS);
-            err = frt_allow_smem<frt_attn_decode_kernel<D, decode_cells_lane, false>>(
-                device, std::min(most, decode_device_now().smem));
-        }
-        return err != cudaSuccess ? err :
-                                    frt_launch_clustered(frt_attn_decode_kernel<D, decode_cells_lane, false>,
-                                                         dim3(decode_split, a.heads_kv), dim3(decode_threads), smem,
-                                                         stream, decode_split, a);
+    if (err != cudaSuccess) {
+        return err;
     }
-    if (err == cudaSuccess) {  // decode_plan_of keeps every long launch within the device's opt-in
-        err = frt_allow_smem<frt_attn_decode_kernel<D, decode_long_cells_lane, true>>(device, decode_device_now().smem);
+    if (plan.cells_lane == decode_cells_lane) {
+        const int most = (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS);
+        return frt_allow_smem<frt_attn_decode_kernel<D, decode_cells_lane, false>>(
+            device, std::min(most, decode_device_now().smem));
+    }
+    return frt_allow_smem<frt_attn_decode_kernel<D, decode_long_cells_lane, true>>(device, decode_device_now().smem);
+}
+
+template <int D> static int decode_resident_clusters(const frt_attn_decode_args & a, const decode_plan & plan) {
+    const auto kernel = plan.cells_lane == decode_cells_lane ? frt_attn_decode_kernel<D, decode_cells_lane, false> :
+                                                               frt_attn_decode_kernel<D, decode_long_cells_lane, true>;
+    const size_t smem = decode_smem_bytes(D, plan.cells, a.n_q * (a.heads / a.heads_kv));
+    if (decode_allow_smem<D>(plan) != cudaSuccess) {
+        return -1;
+    }
+    cudaLaunchAttribute cluster = {};
+    cluster.id                  = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x    = decode_split;
+    cluster.val.clusterDim.y    = 1;
+    cluster.val.clusterDim.z    = 1;
+    cudaLaunchConfig_t cfg      = {};
+    cfg.gridDim                 = dim3(decode_split, a.heads_kv, plan.chunks);
+    cfg.blockDim                = dim3(decode_threads);
+    cfg.dynamicSmemBytes        = smem;
+    cfg.attrs                   = &cluster;
+    cfg.numAttrs                = 1;
+    int n = 0;
+    return cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess ? n : -1;
+}
+
+int frt_attn_decode_resident_clusters(const frt_attn_decode_args & a) {
+    const decode_plan plan = decode_plan_of(a);
+    if (plan.chunks == 0) {
+        return -1;
+    }
+    switch (a.d) {
+        case 64:  return decode_resident_clusters<64>(a, plan);
+        case 128: return decode_resident_clusters<128>(a, plan);
+        default:  return decode_resident_clusters<256>(a, plan);
+    }
+}
+
+template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, const decode_plan & plan,
+                                                  cudaStream_t stream) {
+    const int    pairs = a.n_q * (a.heads / a.heads_kv);
+    const size_t smem  = decode_smem_bytes(D, plan.cells, pairs);
+    cudaError_t  err   = decode_allow_smem<D>(plan);
+    if (err == cudaSuccess && plan.cells_lane == decode_cells_lane) {
+        return frt_launch_clustered(frt_attn_decode_kernel<D, decode_cells_lane, false>, dim3(decode_split, a.heads_kv),
+                                    dim3(decode_threads), smem, stream, decode_split, a);
     }
     if (err == cudaSuccess) {
         err = frt_launch_clustered(frt_attn_decode_kernel<D, decode_long_cells_lane, true>,

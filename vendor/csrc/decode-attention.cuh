@@ -76,6 +76,11 @@ int frt_attn_decode_chunks(const frt_attn_decode_args & a);
 // Scratch the launch needs (frt_attn_decode_args::scratch): 0 for one cluster a head.
 size_t frt_attn_decode_scratch_bytes(const frt_attn_decode_args & a);
 
+// For tests and tools: how many of the launch's clusters the current device holds at once
+// (cudaOccupancyMaxActiveClusters at the launch's block and shared memory), against the
+// chunks x heads_kv it launches; -1 if the device cannot say.
+int frt_attn_decode_resident_clusters(const frt_attn_decode_args & a);
+
 // Whether the kernel takes this shape on the current device (nullptr) or why not: its blocks' shared
 // memory must fit the device's (a short cache's 128 cells a block do not fit sm_120's 99 KB).
 const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q, int n_kv);

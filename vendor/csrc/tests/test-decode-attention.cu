@@ -252,6 +252,10 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
                 "finite%s%s\n",
                 ok ? "ok  " : "FAIL", dc.name, d, H, G, T, N, frt_attn_decode_chunks(a), max_err, not_finite,
                 same ? "" : ", second launch differs", stock_bits ? "" : ", not stock's bits for the gate");
+    if (frt_attn_decode_chunks(a) > 1) {  // how the launch sits on this device (not checked: speed)
+        std::printf("     %d of its %d clusters resident at once\n", frt_attn_decode_resident_clusters(a),
+                    frt_attn_decode_chunks(a) * G);
+    }
     cudaFree(d_q), cudaFree(d_out), cudaFree(d_k), cudaFree(d_v), cudaFree(d_mask);
     cudaFree(d_gate), cudaFree(d_expect), cudaFree(d_scratch);
     return ok ? 0 : 1;
