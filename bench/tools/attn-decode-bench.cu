@@ -9,8 +9,8 @@
 //   attn n_kv=N vis=V     the kernel over N cells of which the first V are visible (the rest
 //                         masked), the caches hot (one layer's, L2-resident up to ~1024 cells) or
 //                         cold (a different layer's each launch: read from DRAM); past
-//                         FRT_ATTN_DECODE_MAX_KV cells, the long caches' two kernels (several
-//                         clusters a head, then the combine)
+//                         FRT_ATTN_DECODE_MAX_KV cells (and on the rows marked split) the split
+//                         kernels (independent blocks over runs of cells, then the combine)
 //
 // Prints µs a launch (median graph replay / launches). The outputs are not checked here:
 // test-decode-attention does that.
@@ -161,11 +161,13 @@ int main() {
                 }));
 
     struct shape {
-        int n_kv, visible;
+        int  n_kv, visible;
+        bool split;  // the split kernels on a cache the cluster kernel takes by default
     };
     const shape shapes[] = {
-        { 8, 1 }, { 256, 1 }, { 256, 64 }, { 256, 128 }, { 256, 256 }, { 1024, 1024 },
-        { 2048, 2048 }, { 4096, 4096 }, { 8448, 8448 }, { 16384, 16384 },
+        { 8, 1 },         { 256, 1 },       { 256, 64 },       { 256, 128 },        { 256, 256 },
+        { 256, 256, true }, { 512, 512 },   { 512, 512, true }, { 1024, 1024 },     { 1024, 1024, true },
+        { 2048, 2048 },   { 4096, 4096 },   { 8448, 8448 },    { 16384, 16384 },
     };
     // The long caches' partials: the most any shape above asks.
     float * scratch       = nullptr;
@@ -173,6 +175,7 @@ int main() {
     for (const shape & s : shapes) {
         frt_attn_decode_args a = {};
         a.d = d, a.heads = heads, a.heads_kv = heads_kv, a.n_q = 1, a.n_kv = s.n_kv;
+        a.split_from  = s.split ? 1 : 0;
         scratch_bytes = std::max(scratch_bytes, frt_attn_decode_scratch_bytes(a));
     }
     CHECK(cudaMalloc(&scratch, std::max<size_t>(scratch_bytes, 1)));
@@ -194,17 +197,20 @@ int main() {
                 a.out = out, a.out_token = (int64_t) heads * d, a.out_head = d;
                 a.scale = 0.0625f;
                 a.scratch = scratch;
+                a.split_from = s.split ? 1 : 0;
                 CHECK(frt_attn_decode(a, stream));
             });
             frt_attn_decode_args shape_args = {};
             shape_args.d = d, shape_args.heads = heads, shape_args.heads_kv = heads_kv, shape_args.n_q = 1;
-            shape_args.n_kv = s.n_kv;
-            std::printf("| attn n_kv=%d vis=%d %s (%d clusters a head, %d of %d resident) | %.2f |\n", s.n_kv,
-                        s.visible, cold ? "cold" : "hot", frt_attn_decode_chunks(shape_args),
-                        frt_attn_decode_resident_clusters(shape_args), frt_attn_decode_chunks(shape_args) * heads_kv,
-                        us);
+            shape_args.n_kv = s.n_kv, shape_args.split_from = s.split ? 1 : 0;
+            const int chunks = frt_attn_decode_chunks(shape_args);
+            std::printf("| attn n_kv=%d vis=%d %s (%s, %d of %d blocks resident) | %.2f |\n", s.n_kv, s.visible,
+                        cold ? "cold" : "hot",
+                        chunks > 1 ? ("split: " + std::to_string(chunks) + " chunks a head").c_str() : "cluster",
+                        frt_attn_decode_resident_blocks(shape_args),
+                        (chunks > 1 ? chunks : FRT_ATTN_DECODE_SPLIT) * heads_kv, us);
 #ifdef FRT_ATTN_DECODE_TRACE
-            if (s.n_kv <= FRT_ATTN_DECODE_MAX_KV) {  // the marks index one cluster a head
+            if (frt_attn_decode_chunks(shape_args) == 1) {  // the marks are the cluster kernel's
                 phase_rows.push_back(phase_row(s.n_kv, s.visible, cold));
             }
 #endif

@@ -10,9 +10,8 @@ static bool aligned16(const ggml_tensor * t) {
     return t->nb[0] == sizeof(ggml_fp16_t) && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && (uintptr_t) t->data % 16 == 0;
 }
 
-// Caches of more than FRT_ATTN_DECODE_MAX_KV cells (several clusters a key/value head and the
-// combine kernel, decode-attention.cuh): taken with GGML_FLASHRT_ATTN_DECODE_LONG=1 until measured
-// in decode against stock's split kernels.
+// Caches of more than FRT_ATTN_DECODE_MAX_KV cells (the split kernels, decode-attention.cuh): taken
+// with GGML_FLASHRT_ATTN_DECODE_LONG=1 until measured in decode against stock's flash attention.
 static bool attn_decode_long_enabled() {
     static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_DECODE_LONG", false);
     return enabled;

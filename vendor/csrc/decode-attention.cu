@@ -37,10 +37,6 @@ constexpr int decode_warps       = decode_threads / 32;
 constexpr int decode_split       = FRT_ATTN_DECODE_SPLIT;
 constexpr int decode_cells_lane  = FRT_ATTN_DECODE_MAX_KV / FRT_ATTN_DECODE_SPLIT / 32;  // cells a lane scores
 static_assert(FRT_ATTN_DECODE_MAX_KV % (32 * FRT_ATTN_DECODE_SPLIT) == 0, "a block's cells fill whole warps");
-// Long caches: up to 192 cells a block (as shared memory allows), up to 32 clusters a head (a lane
-// of the combine's warp each).
-constexpr int decode_long_cells_lane = 6;
-constexpr int decode_max_chunks      = 32;
 static_assert(FRT_ATTN_DECODE_MAX_PAIRS <= decode_split * decode_warps,
               "a warp of the cluster combines at most one query row");
 
@@ -84,28 +80,23 @@ static size_t decode_smem_bytes(int d, int cells, int pairs) {
            (size_t) decode_warps * d * sizeof(float) + (size_t) slots * (d + 4) * sizeof(float);
 }
 
-// Cluster (r, g, z) of SPLIT blocks: block r scores the cells [b * cells, (b + 1) * cells) of
-// key/value head g (b = z * SPLIT + r; z the cluster's chunk of the cache, 0 when one cluster takes
-// the head) for every query row p of g (token t, query head h), a warp a row at a time, and stores
-// the row's partial into the shared memory of the block that combines it (block p % SPLIT, slot
+// Cluster (r, g) of SPLIT blocks: block r scores the r-th run of cells of key/value head g for
+// every query row p of g (token t, query head h), a warp a row at a time, and stores the row's
+// partial into the shared memory of the block that combines it (block p % SPLIT, slot
 // (p / SPLIT) * SPLIT + r): remote stores do not wait, where remote loads in the combine cost a
 // round trip each (4.9 µs of a 12 µs launch, attn-decode-bench's phase marks). After the cluster
-// barrier warp w of block r combines row r + SPLIT * w from its own shared memory, into the output
-// (one chunk) or into the chunk's partial in the scratch (frt_attn_decode_combine_kernel's input).
-// CL: cells a lane scores (a block's cells at most 32 * CL). CHUNKED: the long caches' instance
-// (the grid's z its chunks); the other one's code is the one-cluster kernel's alone.
-template <int D, int CL, bool CHUNKED>
+// barrier warp w of block r combines row r + SPLIT * w from its own shared memory into the output.
+template <int D>
 static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(const frt_attn_decode_args a) {
-    constexpr int E = D / 32, KPAD = D + 8, PS = D + 4;
+    constexpr int E = D / 32, KPAD = D + 8, PS = D + 4, CL = decode_cells_lane;
     extern __shared__ __align__(16) uint8_t smem[];
     cg::cluster_group cluster = cg::this_cluster();
 
     const int r = (int) cluster.block_rank(), g = blockIdx.y;
-    const int z = CHUNKED ? (int) blockIdx.z : 0, chunks = CHUNKED ? (int) gridDim.z : 1;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int gqa = a.heads / a.heads_kv, pairs = gqa * a.n_q;
-    const int cells = (a.n_kv + decode_split * chunks - 1) / (decode_split * chunks);
-    const int c0 = (z * decode_split + r) * cells, n_cells = max(0, min(cells, a.n_kv - c0));
+    const int cells = frt_attn_decode_cells_a_block(a.n_kv);
+    const int c0 = r * cells, n_cells = max(0, min(cells, a.n_kv - c0));
     __half *  k_s  = (__half *) smem;
     __half *  v_s  = k_s + (size_t) cells * KPAD;
     float *   q_s  = (float *) (v_s + (size_t) cells * D) + warp * D;  // this warp's query row
@@ -250,7 +241,7 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
     const int p = r + decode_split * warp;
     const int t = p / gqa, h = g * gqa + p % gqa;
     float     gate_sigmoid[E];
-    if (a.gate != nullptr && p < pairs && chunks == 1) {
+    if (a.gate != nullptr && p < pairs) {
         const float * gp = a.gate + (int64_t) t * a.gate_token + (int64_t) h * a.gate_head + lane * E;
 #pragma unroll
         for (int i = 0; i < E; ++i) {
@@ -287,84 +278,339 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
                 o[i] += w * rp[i];
             }
         }
-        if (chunks > 1) {  // the chunk's partial of row p: its maximum, sum and weighted V
-            float * pp = a.scratch + ((int64_t) (g * chunks + z) * pairs + p) * PS;
-            if (lane == 0) {
-                pp[0] = mx;
-                pp[1] = sum;
-            }
+        float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
 #pragma unroll
-            for (int i = 0; i < E; ++i) {
-                pp[4 + lane * E + i] = o[i];
-            }
-        } else {
-            float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
-#pragma unroll
-            for (int i = 0; i < E; ++i) {
-                const float attention = sum > 0.0f ? o[i] / sum : 0.0f;
-                out[i] = a.gate != nullptr ? gate_sigmoid[i] * attention : attention;  // stock's SIGMOID-MUL order
-            }
+        for (int i = 0; i < E; ++i) {
+            const float attention = sum > 0.0f ? o[i] / sum : 0.0f;
+            out[i] = a.gate != nullptr ? gate_sigmoid[i] * attention : attention;  // stock's SIGMOID-MUL order
         }
     }
     decode_mark(9);
     // No barrier before leaving: after the cluster barrier no block touches another's memory.
 }
 
-// The chunks' partials of each query row (a warp a row: row R = blockIdx.x * warps + warp, key/value
-// head R / pairs) combined as the cluster combines its blocks' (the largest maximum, each chunk's
-// sum and weighted V scaled by exp of its maximum's distance to it, added in chunk order), then
-// divided and gated as the one-cluster kernel writes its rows. Launched after
-// frt_attn_decode_kernel, whose scratch it reads after the wait; every output element is written
-// here, so Q and the gate (read by the attention kernel before) may lie under the output.
-template <int D>
-static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_combine_kernel(const frt_attn_decode_args a,
-                                                                                       int chunks) {
-    constexpr int E = D / 32, PS = D + 4;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int gqa = a.heads / a.heads_kv, pairs = gqa * a.n_q;
-    const int row = blockIdx.x * decode_warps + warp;
-    frt_pdl_wait();
-    frt_pdl_launch_dependents();
-    if (row >= pairs * a.heads_kv) {
-        return;
-    }
-    const int     g = row / pairs, p = row % pairs, t = p / gqa, h = g * gqa + p % gqa;
-    const float * part = a.scratch + ((int64_t) g * chunks * pairs + p) * PS;  // chunk z at + z * pairs * PS
-    float         mi = -INFINITY, li = 0.0f;
-    if (lane < chunks) {
-        mi = part[(int64_t) lane * pairs * PS];
-        li = part[(int64_t) lane * pairs * PS + 1];
-    }
-    const float mx  = frt_warp_max(mi);
-    const float wi  = mi == -INFINITY ? 0.0f : expf(mi - mx);
-    const float sum = frt_warp_sum(wi * li);
-    float       o[E];
+// ---- The split kernels: caches past the cluster's cells ----
+//
+// Grid (chunks, heads_kv) of independent blocks, no clusters: block (z, g) takes the z-th run of
+// `cells` cells of key/value head g. It asks L2 for its K and V rows before its PDL wait (they lie
+// still in the cache; only this step's rows are written by the kernel before, and L2 serves the
+// newest bytes), then copies them into shared memory, K in split_stages groups so that scoring
+// starts on the first while the rest land. Per group of split_rows query rows:
+//   scores  a warp scores split_batch cells at a time: lane l multiplies its D/32 dims of the K
+//           rows by the same dims of the 8 query rows (held in registers), and one reduce-scatter
+//           over the warp leaves lane l the score of cell l / 8, row l % 8;
+//   softmax warp r: row r's maximum and sum over the block's cells, the weights in place;
+//   sums    warp (dims, rows) adds its 2 dims of the V rows times the rows' weights;
+// and the row's partial (maximum, sum, weighted V) goes to the scratch. The combine kernel then adds
+// each row's chunks in chunk order (the same bits launch after launch).
+constexpr int split_threads = 256;
+constexpr int split_warps   = split_threads / 32;
+constexpr int split_rows    = 8;    // query rows a pass: a lane's accumulators
+constexpr int split_batch   = 4;    // cells a warp scores at once: 4 x 8 sums, one a lane after the reduce
+constexpr int split_stages  = 4;    // groups of K rows landing one after another
+constexpr int split_max_cells  = 192;
+constexpr int split_max_chunks = 4096;
+static_assert(split_batch * split_rows == 32, "the reduce-scatter leaves one sum a lane");
+static_assert(split_warps == split_rows, "a warp a row in the softmax");
+
+static size_t split_smem_bytes(int d, int cells) {
+    const size_t padded = (size_t) (cells + split_batch - 1) / split_batch * split_batch;
+    return padded * d * sizeof(__half) * 2 + padded * split_rows * sizeof(float) + padded * sizeof(int);
+}
+
+// One round of the reduce-scatter below: a lane holding 2N values keeps N, the upper half where
+// lane bit N is set, adding its partner's copy of them.
+template <int N> static __device__ __forceinline__ void split_reduce_round(float (&v)[32], int lane) {
+    const bool upper = (lane & N) != 0;
 #pragma unroll
-    for (int i = 0; i < E; ++i) {
-        o[i] = 0.0f;
-    }
-    for (int z = 0; z < chunks; ++z) {
-        const float   w  = __shfl_sync(0xffffffff, wi, z, 32);
-        const float * rp = part + (int64_t) z * pairs * PS + 4 + lane * E;
-#pragma unroll
-        for (int i = 0; i < E; ++i) {
-            o[i] += w * rp[i];
-        }
-    }
-    float * out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + lane * E;
-    const float * gp =
-        a.gate != nullptr ? a.gate + (int64_t) t * a.gate_token + (int64_t) h * a.gate_head + lane * E : nullptr;
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-        const float attention = sum > 0.0f ? o[i] / sum : 0.0f;
-        // ggml-cuda's op_sigmoid, then stock's fused SIGMOID-MUL order
-        out[i] = gp != nullptr ? (1.0f / (1.0f + expf(-gp[i]))) * attention : attention;
+    for (int i = 0; i < N; ++i) {
+        const float send = upper ? v[i] : v[i + N];
+        const float keep = upper ? v[i + N] : v[i];
+        v[i]             = keep + __shfl_xor_sync(0xffffffffu, send, N);
     }
 }
 
-// A launch's plan: clusters a key/value head (chunks), cells a block, the instance's cells a lane.
+// 32 values a lane; returns to lane l the warp's sum of value l.
+static __device__ __forceinline__ float split_reduce_scatter(float (&v)[32], int lane) {
+    split_reduce_round<16>(v, lane);
+    split_reduce_round<8>(v, lane);
+    split_reduce_round<4>(v, lane);
+    split_reduce_round<2>(v, lane);
+    split_reduce_round<1>(v, lane);
+    return v[0];
+}
+
+template <int N> static __device__ __forceinline__ void split_wait_groups() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Until K's stage s has landed (the groups are K's stages in order, then V).
+static __device__ __forceinline__ void split_wait_stage(int s) {
+    static_assert(split_stages == 4, "one wait a stage");
+    switch (s) {
+        case 0:  split_wait_groups<4>(); break;
+        case 1:  split_wait_groups<3>(); break;
+        case 2:  split_wait_groups<2>(); break;
+        default: split_wait_groups<1>(); break;
+    }
+}
+
+template <int D>
+static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(const frt_attn_decode_args a,
+                                                                              int cells) {
+    constexpr int E  = D / 32;                              // dims a lane scores
+    constexpr int DG = D / 64;                              // warps across the dims in the sums
+    constexpr int RW = split_rows / (split_warps / DG);     // rows a lane sums
+    constexpr int PS = D + 4;
+    static_assert(RW == 1 || RW == 2 || RW == 4, "a lane's rows");
+    extern __shared__ __align__(16) uint8_t smem[];
+
+    const int z = blockIdx.x, g = blockIdx.y, chunks = gridDim.x;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int gqa = a.heads / a.heads_kv, pairs = gqa * a.n_q;
+    const int c0 = z * cells, n_cells = max(0, min(cells, a.n_kv - c0));
+    const int batches = (n_cells + split_batch - 1) / split_batch;
+    const int padded  = (cells + split_batch - 1) / split_batch * split_batch;
+    __half *  k_s  = (__half *) smem;
+    __half *  v_s  = k_s + (size_t) padded * D;
+    float *   w_s  = (float *) (v_s + (size_t) padded * D);  // [cell][row]: scores, then weights
+    int *     seen = (int *) (w_s + (size_t) padded * split_rows);
+
+    for (int i = threadIdx.x; i < 2 * n_cells; i += split_threads) {
+        const int      c   = i / 2;
+        const __half * row = i % 2 == 0 ? a.k + (int64_t) (c0 + c) * a.k_cell + (int64_t) g * a.k_head :
+                                          a.v + (int64_t) (c0 + c) * a.v_cell + (int64_t) g * a.v_head;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"((int) (D * sizeof(__half))) : "memory");
+    }
+    frt_pdl_wait();
+    frt_pdl_launch_dependents();
+
+    constexpr int units = D / 8;  // 16-byte copies a row
+    for (int s = 0; s < split_stages; ++s) {
+        const int ca = min(n_cells, s * batches / split_stages * split_batch);
+        const int cb = min(n_cells, (s + 1) * batches / split_stages * split_batch);
+        for (int u = threadIdx.x; u < (cb - ca) * units; u += split_threads) {
+            const int c = ca + u / units, x = u % units;
+            decode_cp_async16(k_s + (size_t) c * D + 8 * x,
+                              a.k + (int64_t) (c0 + c) * a.k_cell + (int64_t) g * a.k_head + 8 * x);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    for (int u = threadIdx.x; u < n_cells * units; u += split_threads) {
+        const int c = u / units, x = u % units;
+        decode_cp_async16(v_s + (size_t) c * D + 8 * x,
+                          a.v + (int64_t) (c0 + c) * a.v_cell + (int64_t) g * a.v_head + 8 * x);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    // Cells no query row sees: their V rows become zeros once landed (an unused cache row may hold
+    // NaN, and 0 x NaN is NaN); every other row the contract keeps finite.
+    for (int c = threadIdx.x; c < n_cells; c += split_threads) {
+        int any = a.mask == nullptr;
+        for (int t = 0; t < a.n_q && !any; ++t) {
+            any = __half2float(a.mask[(int64_t) t * a.mask_row + c0 + c]) != -INFINITY;
+        }
+        seen[c] = any;
+    }
+
+    for (int p0 = 0; p0 < pairs; p0 += split_rows) {
+        // This group's query rows, a lane's dims of each; rows past the head's: zeros, hidden below.
+        float q[split_rows][E];
+#pragma unroll
+        for (int r = 0; r < split_rows; ++r) {
+            const int p = p0 + r;
+            if (p < pairs) {
+                const float * qp = a.q + (int64_t) (p / gqa) * a.q_token + (int64_t) (g * gqa + p % gqa) * a.q_head + lane * E;
+#pragma unroll
+                for (int i = 0; i < E; ++i) {
+                    q[r][i] = qp[i];
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < E; ++i) {
+                    q[r][i] = 0.0f;
+                }
+            }
+        }
+        for (int s = 0; s < split_stages; ++s) {
+            if (p0 == 0) {
+                split_wait_stage(s);
+                __syncthreads();
+            }
+            const int b1 = (s + 1) * batches / split_stages;
+            for (int b = s * batches / split_stages + warp; b < b1; b += split_warps) {
+                float acc[32];
+#pragma unroll
+                for (int j = 0; j < split_batch; ++j) {
+                    float kf[E];
+                    decode_load_halves<E>(k_s + (size_t) (b * split_batch + j) * D + lane * E, kf);
+#pragma unroll
+                    for (int r = 0; r < split_rows; ++r) {
+                        float dot = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < E; ++i) {
+                            dot = fmaf(q[r][i], kf[i], dot);
+                        }
+                        acc[j * split_rows + r] = dot;
+                    }
+                }
+                const float dot = split_reduce_scatter(acc, lane);
+                const int   c = b * split_batch + lane / split_rows, r = lane % split_rows, p = p0 + r;
+                // A hidden cell's score is -inf whatever its row holds (its dot may be NaN).
+                float score = -INFINITY;
+                if (c < n_cells && p < pairs) {
+                    const float mk = a.mask != nullptr ? __half2float(a.mask[(int64_t) (p / gqa) * a.mask_row + c0 + c]) : 0.0f;
+                    score = mk == -INFINITY ? -INFINITY : dot * a.scale + mk;
+                }
+                w_s[c * split_rows + r] = score;
+            }
+        }
+        __syncthreads();
+
+        {  // softmax of row p0 + warp over the block's cells
+            const int r = warp, p = p0 + r;
+            float     m = -INFINITY;
+            for (int c = lane; c < n_cells; c += 32) {
+                m = fmaxf(m, w_s[c * split_rows + r]);
+            }
+            m       = frt_warp_max(m);
+            float l = 0.0f;
+            for (int c = lane; c < n_cells; c += 32) {
+                const float sc = w_s[c * split_rows + r];
+                const float e  = m == -INFINITY || sc == -INFINITY ? 0.0f : expf(sc - m);
+                w_s[c * split_rows + r] = e;
+                l += e;
+            }
+            l = frt_warp_sum(l);
+            if (p < pairs && lane == 0) {
+                float * pp = a.scratch + ((int64_t) (g * chunks + z) * pairs + p) * PS;
+                pp[0] = m;
+                pp[1] = l;
+            }
+        }
+        if (p0 == 0) {
+            split_wait_groups<0>();
+            __syncthreads();
+            for (int u = threadIdx.x; u < n_cells * units; u += split_threads) {
+                const int c = u / units;
+                if (!seen[c]) {
+                    *(uint4 *) (v_s + (size_t) c * D + 8 * (u % units)) = make_uint4(0, 0, 0, 0);
+                }
+            }
+        }
+        __syncthreads();
+
+        {  // weighted V: warp (dims, rows) sums dims dg * 64 + 2 * lane, + 1 of rows rs * RW, ...
+            const int dg = warp % DG, rs = warp / DG, dim = dg * 64 + 2 * lane;
+            float     o[RW][2];
+#pragma unroll
+            for (int i = 0; i < RW; ++i) {
+                o[i][0] = o[i][1] = 0.0f;
+            }
+#pragma unroll 4
+            for (int c = 0; c < n_cells; ++c) {
+                float w[RW];
+                if constexpr (RW == 4) {
+                    const float4 w4 = *(const float4 *) (w_s + c * split_rows + rs * RW);
+                    w[0] = w4.x, w[1] = w4.y, w[2] = w4.z, w[3] = w4.w;
+                } else if constexpr (RW == 2) {
+                    const float2 w2 = *(const float2 *) (w_s + c * split_rows + rs * RW);
+                    w[0] = w2.x, w[1] = w2.y;
+                } else {
+                    w[0] = w_s[c * split_rows + rs];
+                }
+                const float2 vf = __half22float2(*(const __half2 *) (v_s + (size_t) c * D + dim));
+#pragma unroll
+                for (int i = 0; i < RW; ++i) {
+                    o[i][0] = fmaf(w[i], vf.x, o[i][0]);
+                    o[i][1] = fmaf(w[i], vf.y, o[i][1]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < RW; ++i) {
+                const int p = p0 + rs * RW + i;
+                if (p < pairs) {
+                    float * pp = a.scratch + ((int64_t) (g * chunks + z) * pairs + p) * PS + 4 + dim;
+                    *(float2 *) pp = make_float2(o[i][0], o[i][1]);
+                }
+            }
+        }
+        __syncthreads();  // the next group's scores overwrite w_s
+    }
+}
+
+// The chunks' partials of query row R (blockIdx.y: key/value head R / pairs), 32 dims a block
+// (blockIdx.x): the largest maximum, each chunk's sum and weighted V scaled by exp of its maximum's
+// distance to it, warp w adding chunks w, w + 8, ... in order and warp 0 the warps' in order; then
+// divided and gated as the cluster kernel writes its rows. Every output element is written here,
+// after the split kernel is done (the wait), so Q and the gate may lie under the output.
+template <int D>
+static __global__ void __launch_bounds__(split_threads) frt_attn_split_combine_kernel(const frt_attn_decode_args a,
+                                                                                      int chunks) {
+    constexpr int PS = D + 4;
+    __shared__ float reduce_s[split_warps];
+    __shared__ float part_s[split_warps][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int gqa = a.heads / a.heads_kv, pairs = gqa * a.n_q;
+    const int row = blockIdx.y, g = row / pairs, p = row % pairs, t = p / gqa, h = g * gqa + p % gqa;
+    const int dim = blockIdx.x * 32 + lane;
+    const int64_t chunk_stride = (int64_t) pairs * PS;
+    const float * part = a.scratch + ((int64_t) g * chunks * pairs + p) * PS;
+    frt_pdl_wait();
+    frt_pdl_launch_dependents();
+
+    const auto block_reduce = [&](float v, bool is_max) {
+        v = is_max ? frt_warp_max(v) : frt_warp_sum(v);
+        if (lane == 0) {
+            reduce_s[warp] = v;
+        }
+        __syncthreads();
+        float all = reduce_s[0];
+        for (int w = 1; w < split_warps; ++w) {
+            all = is_max ? fmaxf(all, reduce_s[w]) : all + reduce_s[w];
+        }
+        __syncthreads();
+        return all;
+    };
+    float mi = -INFINITY;
+    for (int c = threadIdx.x; c < chunks; c += split_threads) {
+        mi = fmaxf(mi, part[c * chunk_stride]);
+    }
+    const float mx = block_reduce(mi, true);
+    float       li = 0.0f;
+    for (int c = threadIdx.x; c < chunks; c += split_threads) {
+        const float m = part[c * chunk_stride];
+        li += m == -INFINITY ? 0.0f : expf(m - mx) * part[c * chunk_stride + 1];
+    }
+    const float sum = block_reduce(li, false);
+    float       o   = 0.0f;
+    for (int c = warp; c < chunks; c += split_warps) {
+        const float m = part[c * chunk_stride];
+        if (m != -INFINITY) {  // a chunk no cell of which the row sees wrote zeros: skipped alike
+            o = fmaf(expf(m - mx), part[c * chunk_stride + 4 + dim], o);
+        }
+    }
+    part_s[warp][lane] = o;
+    __syncthreads();
+    if (warp == 0 && dim < a.d) {
+        float total = part_s[0][lane];
+        for (int w = 1; w < split_warps; ++w) {
+            total += part_s[w][lane];
+        }
+        const float attention = sum > 0.0f ? total / sum : 0.0f;
+        float *     out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + dim;
+        if (a.gate != nullptr) {
+            const float x = a.gate[(int64_t) t * a.gate_token + (int64_t) h * a.gate_head + dim];
+            *out          = (1.0f / (1.0f + expf(-x))) * attention;  // ggml-cuda's op_sigmoid, then stock's MUL order
+        } else {
+            *out = attention;
+        }
+    }
+}
+
+// A launch's plan: chunks a key/value head (1: the cluster kernel; more: the split kernels) and
+// cells a block (the split kernel's).
 struct decode_plan {
-    int chunks = 0, cells = 0, cells_lane = 0;
+    int chunks = 0, cells = 0;
 };
 
 // The current device's SMs and the shared memory a block may opt in to.
@@ -382,40 +628,45 @@ static decode_device decode_device_now() {
     return dev;
 }
 
-// Up to FRT_ATTN_DECODE_MAX_KV cells: one cluster a head, its blocks' cells within the device's
-// shared memory (sm_120's 99 KB take fewer cells than sm_90's 227 KB). Longer caches: as many cells
-// a block as the device's shared memory holds beside the query rows and partials (at most
-// 32 * decode_long_cells_lane), then as many clusters a head as one wave of its SMs takes (a block
-// an SM: its shared memory), each block keeping at least 64 cells. No plan (chunks 0): a shape
-// the device cannot take.
-static decode_plan decode_plan_of(int d, int heads_kv, int pairs, int n_kv, const decode_device & dev) {
+// The split kernels' plan: as many blocks as one wave of the SMs takes (a block an SM), each of at
+// least 32 cells and at most what the device's shared memory holds (up to split_max_cells); more
+// cells than a wave holds take more blocks.
+static decode_plan split_plan_of(int d, int heads_kv, int n_kv, const decode_device & dev) {
     decode_plan plan;
-    if (n_kv <= FRT_ATTN_DECODE_MAX_KV) {
-        if (decode_smem_bytes(d, frt_attn_decode_cells_a_block(n_kv), pairs) <= (size_t) dev.smem) {
-            plan.chunks     = 1;
-            plan.cells      = frt_attn_decode_cells_a_block(n_kv);
-            plan.cells_lane = decode_cells_lane;
-        }
-        return plan;
-    }
-    const size_t fixed    = decode_smem_bytes(d, 0, pairs);
-    const size_t per_cell = (size_t) (d + 8) * sizeof(__half) + (size_t) d * sizeof(__half);
-    const int    fit      = fixed >= (size_t) dev.smem ? 0 : (int) (((size_t) dev.smem - fixed) / per_cell);
-    const int    cap      = std::min(32 * decode_long_cells_lane, fit);
+    const size_t per_cell = split_smem_bytes(d, split_batch) / split_batch;
+    const int    cap      = std::min(split_max_cells, (int) ((size_t) dev.smem / per_cell) / split_batch * split_batch);
     if (cap < 32) {
         return plan;
     }
     const auto ceil_div = [](int x, int y) { return (x + y - 1) / y; };
-    const int  need     = ceil_div(n_kv, decode_split * cap);
-    const int  wave     = std::max(1, dev.sms / (decode_split * heads_kv));
-    const int  useful   = ceil_div(n_kv, decode_split * 64);
-    const int  chunks   = std::max(need, std::min(wave, useful));
-    if (chunks > decode_max_chunks) {
+    const int  wave     = std::max(1, dev.sms / heads_kv);
+    const int  chunks   = std::max(ceil_div(n_kv, cap), std::min(wave, ceil_div(n_kv, 32)));
+    if (chunks > split_max_chunks) {
         return plan;
     }
-    plan.chunks     = chunks;
-    plan.cells      = ceil_div(n_kv, decode_split * chunks);
-    plan.cells_lane = decode_long_cells_lane;
+    plan.chunks = chunks;
+    plan.cells  = ceil_div(n_kv, chunks);
+    return plan;
+}
+
+// Up to FRT_ATTN_DECODE_MAX_KV cells (or below split_from): one cluster a head, its blocks' cells
+// within the device's shared memory (sm_120's 99 KB take fewer cells than sm_90's 227 KB); longer
+// caches: the split kernels. No plan (chunks 0): a shape the device cannot take.
+static decode_plan decode_plan_of(int d, int heads_kv, int pairs, int n_kv, int split_from, const decode_device & dev) {
+    const int from = split_from > 0 ? split_from : FRT_ATTN_DECODE_MAX_KV + 1;
+    if (n_kv >= from) {
+        decode_plan plan = split_plan_of(d, heads_kv, n_kv, dev);
+        if (plan.chunks == 1) {  // the combine kernel reads the scratch either way
+            plan.chunks = 2;
+            plan.cells  = (n_kv + 1) / 2;
+        }
+        return plan;
+    }
+    decode_plan plan;
+    if (decode_smem_bytes(d, frt_attn_decode_cells_a_block(n_kv), pairs) <= (size_t) dev.smem) {
+        plan.chunks = 1;
+        plan.cells  = frt_attn_decode_cells_a_block(n_kv);
+    }
     return plan;
 }
 
@@ -432,10 +683,13 @@ const char * frt_attn_decode_unsupported_on(int d, int heads, int heads_kv, int 
     if (n_kv < 1 || n_kv > FRT_ATTN_DECODE_MAX_KV_LONG) {
         return "more than 32768 cells";
     }
+    if ((int64_t) n_q * heads > 65535) {
+        return "more than 65535 query rows (the combine kernel's grid)";
+    }
     decode_device dev;
     dev.sms  = sms;
     dev.smem = smem;
-    if (decode_plan_of(d, heads_kv, n_q * (heads / heads_kv), n_kv, dev).chunks == 0) {
+    if (decode_plan_of(d, heads_kv, n_q * (heads / heads_kv), n_kv, 0, dev).chunks == 0) {
         return "the blocks' cells do not fit the device's shared memory beside this many query rows";
     }
     return nullptr;
@@ -451,7 +705,7 @@ static decode_plan decode_plan_of(const frt_attn_decode_args & a) {
     if (frt_attn_decode_unsupported_on(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv, dev.sms, dev.smem) != nullptr) {
         return {};
     }
-    return decode_plan_of(a.d, a.heads_kv, a.n_q * (a.heads / a.heads_kv), a.n_kv, dev);
+    return decode_plan_of(a.d, a.heads_kv, a.n_q * (a.heads / a.heads_kv), a.n_kv, a.split_from, dev);
 }
 
 int frt_attn_decode_chunks(const frt_attn_decode_args & a) {
@@ -466,29 +720,38 @@ size_t frt_attn_decode_scratch_bytes(const frt_attn_decode_args & a) {
     return (size_t) a.heads_kv * plan.chunks * a.n_q * (a.heads / a.heads_kv) * (a.d + 4) * sizeof(float);
 }
 
-// The shared memory the plan's instance may use, set once a device: for the one-cluster instance
-// the most a launch asks (128 cells a block, 64 query rows) or the device's most; for the long one
-// the device's (decode_plan_of keeps every long launch within it).
-template <int D> static cudaError_t decode_allow_smem(const decode_plan & plan) {
+// The shared memory a kernel may use, set once a device: for the cluster kernel the most a launch
+// asks (128 cells a block, 64 query rows) or the device's most; for the split kernel the device's
+// (its plan keeps every launch within it).
+template <int D> static cudaError_t decode_allow_smem(bool split) {
     int         device = 0;
     cudaError_t err    = cudaGetDevice(&device);
     if (err != cudaSuccess) {
         return err;
     }
-    if (plan.cells_lane == decode_cells_lane) {
+    if (!split) {
         const int most = (int) decode_smem_bytes(D, FRT_ATTN_DECODE_MAX_KV / decode_split, FRT_ATTN_DECODE_MAX_PAIRS);
-        return frt_allow_smem<frt_attn_decode_kernel<D, decode_cells_lane, false>>(
-            device, std::min(most, decode_device_now().smem));
+        return frt_allow_smem<frt_attn_decode_kernel<D>>(device, std::min(most, decode_device_now().smem));
     }
-    return frt_allow_smem<frt_attn_decode_kernel<D, decode_long_cells_lane, true>>(device, decode_device_now().smem);
+    return frt_allow_smem<frt_attn_split_kernel<D>>(device, decode_device_now().smem);
 }
 
-template <int D> static int decode_resident_clusters(const frt_attn_decode_args & a, const decode_plan & plan) {
-    const auto kernel = plan.cells_lane == decode_cells_lane ? frt_attn_decode_kernel<D, decode_cells_lane, false> :
-                                                               frt_attn_decode_kernel<D, decode_long_cells_lane, true>;
-    const size_t smem = decode_smem_bytes(D, plan.cells, a.n_q * (a.heads / a.heads_kv));
-    if (decode_allow_smem<D>(plan) != cudaSuccess) {
+template <int D> static int decode_resident_blocks(const frt_attn_decode_args & a, const decode_plan & plan) {
+    const bool split = plan.chunks > 1;
+    if (decode_allow_smem<D>(split) != cudaSuccess) {
         return -1;
+    }
+    int sms = 0, device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        return -1;
+    }
+    if (split) {
+        int n = 0;
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, frt_attn_split_kernel<D>, split_threads,
+                                                             split_smem_bytes(D, plan.cells)) == cudaSuccess ?
+                   n * sms :
+                   -1;
     }
     cudaLaunchAttribute cluster = {};
     cluster.id                  = cudaLaunchAttributeClusterDimension;
@@ -496,45 +759,43 @@ template <int D> static int decode_resident_clusters(const frt_attn_decode_args 
     cluster.val.clusterDim.y    = 1;
     cluster.val.clusterDim.z    = 1;
     cudaLaunchConfig_t cfg      = {};
-    cfg.gridDim                 = dim3(decode_split, a.heads_kv, plan.chunks);
+    cfg.gridDim                 = dim3(decode_split, a.heads_kv);
     cfg.blockDim                = dim3(decode_threads);
-    cfg.dynamicSmemBytes        = smem;
+    cfg.dynamicSmemBytes        = decode_smem_bytes(D, plan.cells, a.n_q * (a.heads / a.heads_kv));
     cfg.attrs                   = &cluster;
     cfg.numAttrs                = 1;
     int n = 0;
-    return cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess ? n : -1;
+    return cudaOccupancyMaxActiveClusters(&n, frt_attn_decode_kernel<D>, &cfg) == cudaSuccess ? n * decode_split : -1;
 }
 
-int frt_attn_decode_resident_clusters(const frt_attn_decode_args & a) {
+int frt_attn_decode_resident_blocks(const frt_attn_decode_args & a) {
     const decode_plan plan = decode_plan_of(a);
     if (plan.chunks == 0) {
         return -1;
     }
     switch (a.d) {
-        case 64:  return decode_resident_clusters<64>(a, plan);
-        case 128: return decode_resident_clusters<128>(a, plan);
-        default:  return decode_resident_clusters<256>(a, plan);
+        case 64:  return decode_resident_blocks<64>(a, plan);
+        case 128: return decode_resident_blocks<128>(a, plan);
+        default:  return decode_resident_blocks<256>(a, plan);
     }
 }
 
 template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, const decode_plan & plan,
                                                   cudaStream_t stream) {
-    const int    pairs = a.n_q * (a.heads / a.heads_kv);
-    const size_t smem  = decode_smem_bytes(D, plan.cells, pairs);
-    cudaError_t  err   = decode_allow_smem<D>(plan);
-    if (err == cudaSuccess && plan.cells_lane == decode_cells_lane) {
-        return frt_launch_clustered(frt_attn_decode_kernel<D, decode_cells_lane, false>, dim3(decode_split, a.heads_kv),
-                                    dim3(decode_threads), smem, stream, decode_split, a);
+    const int   pairs = a.n_q * (a.heads / a.heads_kv);
+    cudaError_t err   = decode_allow_smem<D>(plan.chunks > 1);
+    if (err != cudaSuccess) {
+        return err;
     }
+    if (plan.chunks == 1) {
+        return frt_launch_clustered(frt_attn_decode_kernel<D>, dim3(decode_split, a.heads_kv), dim3(decode_threads),
+                                    decode_smem_bytes(D, plan.cells, pairs), stream, decode_split, a);
+    }
+    err = frt_launch(frt_attn_split_kernel<D>, dim3(plan.chunks, a.heads_kv), dim3(split_threads),
+                     split_smem_bytes(D, plan.cells), stream, a, plan.cells);
     if (err == cudaSuccess) {
-        err = frt_launch_clustered(frt_attn_decode_kernel<D, decode_long_cells_lane, true>,
-                                   dim3(decode_split, a.heads_kv, plan.chunks), dim3(decode_threads), smem, stream,
-                                   decode_split, a);
-    }
-    if (err == cudaSuccess && plan.chunks > 1) {
-        const int rows = pairs * a.heads_kv;
-        err = frt_launch(frt_attn_decode_combine_kernel<D>, dim3((rows + decode_warps - 1) / decode_warps),
-                         dim3(decode_threads), 0, stream, a, plan.chunks);
+        err = frt_launch(frt_attn_split_combine_kernel<D>, dim3(D / 32, pairs * a.heads_kv), dim3(split_threads), 0,
+                         stream, a, plan.chunks);
     }
     return err;
 }

@@ -1,29 +1,36 @@
 #pragma once
 
-// Attention of a decode step over a short F16 cache, in one kernel: for each query token t and
-// query head h (key/value head h / (heads / heads_kv)),
+// Attention of a decode step over an F16 cache: for each query token t and query head h
+// (key/value head h / (heads / heads_kv)),
 //   out[t][h] = softmax_c(scale * q[t][h] . k[c] + mask[t][c]) . v[c]      over cells c < n_kv
-// One thread-block cluster of FRT_ATTN_DECODE_SPLIT blocks a key/value head: block r takes the
-// r-th run of cells (at most 128), copies their K and V rows into shared memory in one go, and
-// stores a partial softmax (max, sum, weighted V) per query row of the head into the shared memory
-// of the block that combines that row; after a cluster barrier block r combines query rows r,
-// r + SPLIT, ... from its own shared memory. No
-// scratch in global memory, no counters, no second kernel. Scores, softmax and sums in float from
+// Up to FRT_ATTN_DECODE_MAX_KV cells, one kernel: a thread-block cluster of FRT_ATTN_DECODE_SPLIT
+// blocks a key/value head. Block r takes the r-th run of cells (at most 128), copies their K and V
+// rows into shared memory in one go, and stores a partial softmax (max, sum, weighted V) per query
+// row of the head into the shared memory of the block that combines that row; after a cluster
+// barrier block r combines query rows r, r + SPLIT, ... from its own shared memory. No scratch in
+// global memory, no counters, no second kernel. Scores, softmax and sums in float from
 // F16 K and V; not stock's order of summation (stock's flash attention is not bit-stable across
 // its own kernels either).
 //
 // Optionally multiplies the output by sigmoid(gate) (frt_attn_decode_args::gate) as it writes it.
 //
-// Longer caches (up to FRT_ATTN_DECODE_MAX_KV_LONG cells): several clusters a key/value head, each
-// over its run of cells (up to 192 cells a block, as many clusters as fill one wave of the SMs),
-// write their rows' partials (max, sum, weighted V) to a scratch buffer, and a second kernel
-// combines them, a warp a query row, in chunk order (the same bits launch after launch).
+// Longer caches (up to FRT_ATTN_DECODE_MAX_KV_LONG cells): the split kernels. Independent blocks,
+// as many as one wave of the SMs takes (up to 192 cells each), each over its run of cells of one
+// key/value head for all the head's query rows: the rows asked of L2 before the PDL wait, copied
+// into shared memory, scored by warps holding 8 query rows in registers (a reduce-scatter over the
+// warp leaves one cell and row's score a lane), their softmax, the weighted V; each row's partial
+// (max, sum, weighted V) goes to a scratch buffer, and a second kernel combines a row's chunks in
+// chunk order (the same bits launch after launch) and applies the gate.
+//
+// Cells no query row sees may hold anything (an unused cache row: even NaN); a cell some row sees
+// must hold finite K and V (it is a written row), whichever rows it is hidden from.
 //
 // Plain pointers and strides (elements), no ggml types. out must not overlap any input, except Q
 // or the gate element for element (each element of out at the address of the same element of Q or
 // of the gate): a cluster writes its query rows only after its barrier, and Q's rows of a key/value
 // head are read only by that head's cluster, before it; each gate value only by the lane that
-// writes the same element, before.
+// writes the same element, before. The split kernels write out only in the second kernel, after
+// the first has read Q.
 
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -32,7 +39,7 @@
 constexpr int FRT_ATTN_DECODE_MAX_TOKENS = 8;
 constexpr int FRT_ATTN_DECODE_SPLIT      = 8;     // blocks a key/value head (a portable cluster)
 constexpr int FRT_ATTN_DECODE_MAX_KV     = 1024;  // one cluster a key/value head, 128 cells a block
-constexpr int FRT_ATTN_DECODE_MAX_KV_LONG = 32768; // several clusters a head and the combine kernel
+constexpr int FRT_ATTN_DECODE_MAX_KV_LONG = 32768; // the split kernels
 constexpr int FRT_ATTN_DECODE_MAX_PAIRS  = 64;    // query tokens x query heads of one key/value head
 
 struct frt_attn_decode_args {
@@ -40,7 +47,7 @@ struct frt_attn_decode_args {
     int heads;      // query heads, a multiple of heads_kv
     int heads_kv;
     int n_q;        // query tokens, 1..FRT_ATTN_DECODE_MAX_TOKENS; n_q x heads / heads_kv <= MAX_PAIRS
-    int n_kv;       // cells, 1..FRT_ATTN_DECODE_MAX_KV
+    int n_kv;       // cells, 1..FRT_ATTN_DECODE_MAX_KV_LONG
 
     const float * q;  // head h of token t: q + t*q_token + h*q_head, d contiguous floats
     int64_t       q_token, q_head;
@@ -59,9 +66,12 @@ struct frt_attn_decode_args {
     // i of head h of token t at gate + t*gate_token + h*gate_head + i.
     const float *  gate;
     int64_t        gate_token, gate_head;
-    // Caches of more than FRT_ATTN_DECODE_MAX_KV cells: frt_attn_decode_scratch_bytes(*this) bytes
-    // of device memory for the partials (nothing else reads or writes them meanwhile).
+    // The split kernels' partials: frt_attn_decode_scratch_bytes(*this) bytes of device memory
+    // (nothing else reads or writes them meanwhile).
     float *        scratch;
+    // Caches of at least this many cells take the split kernels; 0: those of more than
+    // FRT_ATTN_DECODE_MAX_KV cells (tests and tools set it to time or check them on short caches).
+    int            split_from;
 };
 
 // Cells a block of the cluster takes (caches of at most FRT_ATTN_DECODE_MAX_KV cells).
@@ -69,17 +79,17 @@ __host__ __device__ inline int frt_attn_decode_cells_a_block(int n_kv) {
     return (n_kv + FRT_ATTN_DECODE_SPLIT - 1) / FRT_ATTN_DECODE_SPLIT;
 }
 
-// Clusters a key/value head a launch on the current device uses (1 up to FRT_ATTN_DECODE_MAX_KV
-// cells), or 0 for a shape the kernel does not take.
+// Chunks a key/value head a launch on the current device uses (1: the cluster kernel; more: the
+// split kernels' blocks a head), or 0 for a shape the kernels do not take.
 int frt_attn_decode_chunks(const frt_attn_decode_args & a);
 
-// Scratch the launch needs (frt_attn_decode_args::scratch): 0 for one cluster a head.
+// Scratch the launch needs (frt_attn_decode_args::scratch): 0 for the cluster kernel.
 size_t frt_attn_decode_scratch_bytes(const frt_attn_decode_args & a);
 
-// For tests and tools: how many of the launch's clusters the current device holds at once
-// (cudaOccupancyMaxActiveClusters at the launch's block and shared memory), against the
-// chunks x heads_kv it launches; -1 if the device cannot say.
-int frt_attn_decode_resident_clusters(const frt_attn_decode_args & a);
+// For tests and tools: how many of the launch's blocks the current device holds at once (the
+// occupancy of its clusters or blocks at the launch's shared memory), against the 8 x heads_kv
+// (cluster kernel) or chunks x heads_kv (split kernel) it launches; -1 if the device cannot say.
+int frt_attn_decode_resident_blocks(const frt_attn_decode_args & a);
 
 // Whether the kernel takes this shape on the current device (nullptr) or why not: its blocks' shared
 // memory must fit the device's (a short cache's 128 cells a block do not fit sm_120's 99 KB).
@@ -87,7 +97,7 @@ const char * frt_attn_decode_unsupported(int d, int heads, int heads_kv, int n_q
 // The same for a device of `sms` SMs and `smem` bytes of opt-in shared memory a block.
 const char * frt_attn_decode_unsupported_on(int d, int heads, int heads_kv, int n_q, int n_kv, int sms, int smem);
 
-// Launches the kernel (and for long caches the combine kernel) on `stream` (PDL when enabled);
+// Launches the kernel (the split kernels: both) on `stream` (PDL when enabled);
 // capture-safe. Returns the launch error (cudaErrorInvalidValue for shapes it does not take, and
 // for a long cache without scratch).
 cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream);

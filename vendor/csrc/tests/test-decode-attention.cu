@@ -44,6 +44,7 @@ struct decode_case {
     int          visible;  // mask_kind::prefix
     bool         gated;    // with the output gate (frt_attn_decode_args::gate)
     out_place    place;
+    bool         split;    // the split kernels whatever the cache's size (frt_attn_decode_args::split_from)
 };
 
 // A value hidden from every row, as an unused cache row may hold.
@@ -161,6 +162,7 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     }
     frt_attn_decode_args a = {};
     a.d = d, a.heads = H, a.heads_kv = G, a.n_q = T, a.n_kv = N;
+    a.split_from = dc.split ? 1 : 0;
     CHECK(cudaMalloc(&d_q, q.size() * sizeof(float)));
     CHECK(cudaMalloc(&d_out, ref.size() * sizeof(float)));
     CHECK(cudaMalloc(&d_k, k.size() * sizeof(__half)));
@@ -247,13 +249,15 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     const bool stock_bits = !dc.gated || std::memcmp(got[0].data(), expect.data(), expect.size() * sizeof(float)) == 0;
     // Outputs are averages of values in [-1, 1] (gated: times a sigmoid in (0, 1)); float sums over
     // <= 1024 cells stay within 1e-5, over 16384 cells (in chunks) within a few times that.
-    const bool ok     = not_finite == 0 && max_err <= 1e-4 && same && stock_bits;
-    std::printf("%s %-52s d %3d heads %2d/%d tokens %d cells %5d (%2d clusters a head): max err %.2e, %d not "
+    // The split kernels' cases must also have run on them (chunks > 1).
+    const bool split_ran = frt_attn_decode_chunks(a) > 1;
+    const bool ok        = not_finite == 0 && max_err <= 1e-4 && same && stock_bits && (split_ran || !dc.split);
+    std::printf("%s %-52s d %3d heads %2d/%d tokens %d cells %5d (%3d chunks a head): max err %.2e, %d not "
                 "finite%s%s\n",
                 ok ? "ok  " : "FAIL", dc.name, d, H, G, T, N, frt_attn_decode_chunks(a), max_err, not_finite,
                 same ? "" : ", second launch differs", stock_bits ? "" : ", not stock's bits for the gate");
-    if (frt_attn_decode_chunks(a) > 1) {  // how the launch sits on this device (not checked: speed)
-        std::printf("     %d of its %d clusters resident at once\n", frt_attn_decode_resident_clusters(a),
+    if (split_ran) {  // how the launch sits on this device (not checked: speed)
+        std::printf("     %d of its %d blocks resident at once\n", frt_attn_decode_resident_blocks(a),
                     frt_attn_decode_chunks(a) * G);
     }
     cudaFree(d_q), cudaFree(d_out), cudaFree(d_k), cudaFree(d_v), cudaFree(d_mask);
@@ -327,6 +331,16 @@ int main() {
           out_place::over_q },
         { "long: gated, in place over the gate, 5000 cells", 128, 32, 4, 4, 5000, mask_kind::random, 0, true,
           out_place::over_gate },
+        { "long: 32768 cells, 4 tokens", 256, 16, 2, 4, 32768, mask_kind::prefix, 30000 },
+        { "split: qwen36 decode over 129 of 256 cells", 256, 16, 2, 1, 256, mask_kind::prefix, 129, false,
+          out_place::apart, true },
+        { "split: a whole batch of cells masked, 3 tokens", 256, 16, 2, 3, 96, mask_kind::holes, 0, false,
+          out_place::apart, true },
+        { "split: one cell", 128, 16, 2, 1, 1, mask_kind::none, 0, false, out_place::apart, true },
+        { "split: 7 cells, 5 query rows a KV head", 64, 5, 1, 1, 7, mask_kind::prefix, 7, false,
+          out_place::apart, true },
+        { "split: gated, 1000 cells, 8 sequences' tokens", 256, 16, 2, 8, 1000, mask_kind::random, 0, true,
+          out_place::apart, true },
     };
     int failed = 0;
     for (const decode_case & dc : cases) {
