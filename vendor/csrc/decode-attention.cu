@@ -1,5 +1,4 @@
 #include "decode-attention.cuh"
-#include "bulk-copy.cuh"
 #include "pdl.cuh"
 #include "warp-reduce.cuh"
 
@@ -314,13 +313,9 @@ constexpr int split_max_chunks = 4096;
 static_assert(split_batch * split_rows == 32, "the reduce-scatter leaves one sum a lane");
 static_assert(split_warps == split_rows, "a warp a row in the softmax");
 
-// Shared memory of a split block: the copies' barriers (K's stages, then V), K and V rows, the
-// scores and weights [cell][row], the mask [token][cell].
-constexpr int split_bars = split_stages + 1;
 static size_t split_smem_bytes(int d, int cells) {
     const size_t padded = (size_t) (cells + split_batch - 1) / split_batch * split_batch;
-    return 16 * ((split_bars * sizeof(uint64_t) + 15) / 16) + padded * d * sizeof(__half) * 2 +
-           padded * split_rows * sizeof(float) + padded * FRT_ATTN_DECODE_MAX_TOKENS * sizeof(float);
+    return padded * d * sizeof(__half) * 2 + padded * split_rows * sizeof(float) + padded * sizeof(int);
 }
 
 // One round of the reduce-scatter below: a lane holding 2N values keeps N, the upper half where
@@ -345,6 +340,21 @@ static __device__ __forceinline__ float split_reduce_scatter(float (&v)[32], int
     return v[0];
 }
 
+template <int N> static __device__ __forceinline__ void split_wait_groups() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Until K's stage s has landed (the groups are K's stages in order, then V).
+static __device__ __forceinline__ void split_wait_stage(int s) {
+    static_assert(split_stages == 4, "one wait a stage");
+    switch (s) {
+        case 0:  split_wait_groups<4>(); break;
+        case 1:  split_wait_groups<3>(); break;
+        case 2:  split_wait_groups<2>(); break;
+        default: split_wait_groups<1>(); break;
+    }
+}
+
 template <int D>
 static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(const frt_attn_decode_args a,
                                                                               int cells) {
@@ -352,7 +362,6 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
     constexpr int DG = D / 64;                              // warps across the dims in the sums
     constexpr int RW = split_rows / (split_warps / DG);     // rows a lane sums
     constexpr int PS = D + 4;
-    constexpr uint32_t row_bytes = D * sizeof(__half);
     static_assert(RW == 1 || RW == 2 || RW == 4, "a lane's rows");
     extern __shared__ __align__(16) uint8_t smem[];
 
@@ -362,63 +371,46 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
     const int c0 = z * cells, n_cells = max(0, min(cells, a.n_kv - c0));
     const int batches = (n_cells + split_batch - 1) / split_batch;
     const int padded  = (cells + split_batch - 1) / split_batch * split_batch;
-    uint64_t * bars   = (uint64_t *) smem;
-    __half *   k_s    = (__half *) (smem + 16 * ((split_bars * sizeof(uint64_t) + 15) / 16));
-    __half *   v_s    = k_s + (size_t) padded * D;
-    float *    w_s    = (float *) (v_s + (size_t) padded * D);  // [cell][row]: scores, then weights
-    float *    mask_s = w_s + (size_t) padded * split_rows;     // [token][cell]
+    __half *  k_s  = (__half *) smem;
+    __half *  v_s  = k_s + (size_t) padded * D;
+    float *   w_s  = (float *) (v_s + (size_t) padded * D);  // [cell][row]: scores, then weights
+    int *     seen = (int *) (w_s + (size_t) padded * split_rows);
 
-    const __half * k_head = a.k + (int64_t) c0 * a.k_cell + (int64_t) g * a.k_head;
-    const __half * v_head = a.v + (int64_t) c0 * a.v_cell + (int64_t) g * a.v_head;
     for (int i = threadIdx.x; i < 2 * n_cells; i += split_threads) {
-        const __half * row = i % 2 == 0 ? k_head + (int64_t) (i / 2) * a.k_cell : v_head + (int64_t) (i / 2) * a.v_cell;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(row_bytes) : "memory");
+        const int      c   = i / 2;
+        const __half * row = i % 2 == 0 ? a.k + (int64_t) (c0 + c) * a.k_cell + (int64_t) g * a.k_head :
+                                          a.v + (int64_t) (c0 + c) * a.v_cell + (int64_t) g * a.v_head;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"((int) (D * sizeof(__half))) : "memory");
     }
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < split_bars; ++b) {
-            bulk_bar_init(&bars[b], 1);
-        }
-        bulk_bar_init_fence();
-    }
-    __syncthreads();
     frt_pdl_wait();
     frt_pdl_launch_dependents();
 
-    // K's stages, then V, a row (D halves) a bulk copy; thread 0 announces each barrier's bytes.
-    const auto stage_cells = [&](int s, int & ca, int & cb) {
-        ca = min(n_cells, s * batches / split_stages * split_batch);
-        cb = min(n_cells, (s + 1) * batches / split_stages * split_batch);
-    };
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < split_stages; ++s) {
-            int ca, cb;
-            stage_cells(s, ca, cb);
-            bulk_bar_arrive_expect(&bars[s], (uint32_t) (cb - ca) * row_bytes);
+    constexpr int units = D / 8;  // 16-byte copies a row
+    for (int s = 0; s < split_stages; ++s) {
+        const int ca = min(n_cells, s * batches / split_stages * split_batch);
+        const int cb = min(n_cells, (s + 1) * batches / split_stages * split_batch);
+        for (int u = threadIdx.x; u < (cb - ca) * units; u += split_threads) {
+            const int c = ca + u / units, x = u % units;
+            decode_cp_async16(k_s + (size_t) c * D + 8 * x,
+                              a.k + (int64_t) (c0 + c) * a.k_cell + (int64_t) g * a.k_head + 8 * x);
         }
-        bulk_bar_arrive_expect(&bars[split_stages], (uint32_t) n_cells * row_bytes);
+        asm volatile("cp.async.commit_group;" ::: "memory");
     }
-    const uint64_t policy = bulk_evict_first_policy();
-    for (int i = threadIdx.x; i < n_cells; i += split_threads) {
-        int s = 0;
-        for (int ca, cb; s < split_stages - 1; ++s) {
-            stage_cells(s, ca, cb);
-            if (i < cb) {
-                break;
-            }
+    for (int u = threadIdx.x; u < n_cells * units; u += split_threads) {
+        const int c = u / units, x = u % units;
+        decode_cp_async16(v_s + (size_t) c * D + 8 * x,
+                          a.v + (int64_t) (c0 + c) * a.v_cell + (int64_t) g * a.v_head + 8 * x);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    // Cells no query row sees: their V rows become zeros once landed (an unused cache row may hold
+    // NaN, and 0 x NaN is NaN); every other row the contract keeps finite.
+    for (int c = threadIdx.x; c < n_cells; c += split_threads) {
+        int any = a.mask == nullptr;
+        for (int t = 0; t < a.n_q && !any; ++t) {
+            any = __half2float(a.mask[(int64_t) t * a.mask_row + c0 + c]) != -INFINITY;
         }
-        bulk_copy((uint8_t *) (k_s + (size_t) i * D), (const uint8_t *) (k_head + (int64_t) i * a.k_cell), row_bytes,
-                  &bars[s], policy);
-        bulk_copy((uint8_t *) (v_s + (size_t) i * D), (const uint8_t *) (v_head + (int64_t) i * a.v_cell), row_bytes,
-                  &bars[split_stages], policy);
+        seen[c] = any;
     }
-    // The mask of the block's cells (0 without one; cells past them -inf).
-    for (int i = threadIdx.x; i < a.n_q * padded; i += split_threads) {
-        const int t = i / padded, c = i % padded;
-        mask_s[i]   = c >= n_cells      ? -INFINITY :
-                      a.mask != nullptr ? __half2float(a.mask[(int64_t) t * a.mask_row + c0 + c]) :
-                                          0.0f;
-    }
-    __syncthreads();
 
     for (int p0 = 0; p0 < pairs; p0 += split_rows) {
         // This group's query rows, a lane's dims of each; rows past the head's: zeros, hidden below.
@@ -441,7 +433,8 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
         }
         for (int s = 0; s < split_stages; ++s) {
             if (p0 == 0) {
-                bulk_bar_wait(&bars[s], 0);
+                split_wait_stage(s);
+                __syncthreads();
             }
             const int b1 = (s + 1) * batches / split_stages;
             for (int b = s * batches / split_stages + warp; b < b1; b += split_warps) {
@@ -463,8 +456,12 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
                 const float dot = split_reduce_scatter(acc, lane);
                 const int   c = b * split_batch + lane / split_rows, r = lane % split_rows, p = p0 + r;
                 // A hidden cell's score is -inf whatever its row holds (its dot may be NaN).
-                const float mk = p < pairs ? mask_s[(p / gqa) * padded + c] : -INFINITY;
-                w_s[c * split_rows + r] = mk == -INFINITY ? -INFINITY : dot * a.scale + mk;
+                float score = -INFINITY;
+                if (c < n_cells && p < pairs) {
+                    const float mk = a.mask != nullptr ? __half2float(a.mask[(int64_t) (p / gqa) * a.mask_row + c0 + c]) : 0.0f;
+                    score = mk == -INFINITY ? -INFINITY : dot * a.scale + mk;
+                }
+                w_s[c * split_rows + r] = score;
             }
         }
         __syncthreads();
@@ -491,17 +488,12 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
             }
         }
         if (p0 == 0) {
-            bulk_bar_wait(&bars[split_stages], 0);
-            // Cells no query row sees: their V rows zeros (an unused cache row may hold NaN, and
-            // 0 x NaN is NaN); every other row the contract keeps finite.
-            for (int u = threadIdx.x; u < n_cells * (D / 8); u += split_threads) {
-                const int c = u / (D / 8);
-                bool      seen = false;
-                for (int t = 0; t < a.n_q; ++t) {
-                    seen |= mask_s[t * padded + c] != -INFINITY;
-                }
-                if (!seen) {
-                    *(uint4 *) (v_s + (size_t) c * D + 8 * (u % (D / 8))) = make_uint4(0, 0, 0, 0);
+            split_wait_groups<0>();
+            __syncthreads();
+            for (int u = threadIdx.x; u < n_cells * units; u += split_threads) {
+                const int c = u / units;
+                if (!seen[c]) {
+                    *(uint4 *) (v_s + (size_t) c * D + 8 * (u % units)) = make_uint4(0, 0, 0, 0);
                 }
             }
         }
@@ -591,11 +583,11 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_combine_k
     }
     const float sum = block_reduce(li, false);
     float       o   = 0.0f;
-    // A chunk no cell of which the row sees wrote zeros (and a maximum of -inf: weight 0).
-#pragma unroll 4
     for (int c = warp; c < chunks; c += split_warps) {
         const float m = part[c * chunk_stride];
-        o = fmaf(m == -INFINITY ? 0.0f : expf(m - mx), part[c * chunk_stride + 4 + dim], o);
+        if (m != -INFINITY) {  // a chunk no cell of which the row sees wrote zeros: skipped alike
+            o = fmaf(expf(m - mx), part[c * chunk_stride + 4 + dim], o);
+        }
     }
     part_s[warp][lane] = o;
     __syncthreads();
