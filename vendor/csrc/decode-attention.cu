@@ -313,9 +313,12 @@ constexpr int split_max_chunks = 4096;
 static_assert(split_batch * split_rows == 32, "the reduce-scatter leaves one sum a lane");
 static_assert(split_warps == split_rows, "a warp a row in the softmax");
 
+// Shared memory of a split block: K and V rows, the scores and weights [cell][row], the mask
+// [token][cell].
 static size_t split_smem_bytes(int d, int cells) {
     const size_t padded = (size_t) (cells + split_batch - 1) / split_batch * split_batch;
-    return padded * d * sizeof(__half) * 2 + padded * split_rows * sizeof(float) + padded * sizeof(int);
+    return padded * d * sizeof(__half) * 2 + padded * split_rows * sizeof(float) +
+           padded * FRT_ATTN_DECODE_MAX_TOKENS * sizeof(float);
 }
 
 // One round of the reduce-scatter below: a lane holding 2N values keeps N, the upper half where
@@ -374,7 +377,7 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
     __half *  k_s  = (__half *) smem;
     __half *  v_s  = k_s + (size_t) padded * D;
     float *   w_s  = (float *) (v_s + (size_t) padded * D);  // [cell][row]: scores, then weights
-    int *     seen = (int *) (w_s + (size_t) padded * split_rows);
+    float *   mask_s = w_s + (size_t) padded * split_rows;  // [token][cell]
 
     for (int i = threadIdx.x; i < 2 * n_cells; i += split_threads) {
         const int      c   = i / 2;
@@ -402,14 +405,13 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
                           a.v + (int64_t) (c0 + c) * a.v_cell + (int64_t) g * a.v_head + 8 * x);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
-    // Cells no query row sees: their V rows become zeros once landed (an unused cache row may hold
-    // NaN, and 0 x NaN is NaN); every other row the contract keeps finite.
-    for (int c = threadIdx.x; c < n_cells; c += split_threads) {
-        int any = a.mask == nullptr;
-        for (int t = 0; t < a.n_q && !any; ++t) {
-            any = __half2float(a.mask[(int64_t) t * a.mask_row + c0 + c]) != -INFINITY;
-        }
-        seen[c] = any;
+    // The block's mask (0 without one; cells past the block's -inf), loading while the rows land; the
+    // first stage's barrier publishes it.
+    for (int i = threadIdx.x; i < a.n_q * padded; i += split_threads) {
+        const int t = i / padded, c = i % padded;
+        mask_s[i]   = c >= n_cells      ? -INFINITY :
+                      a.mask != nullptr ? __half2float(a.mask[(int64_t) t * a.mask_row + c0 + c]) :
+                                          0.0f;
     }
 
     for (int p0 = 0; p0 < pairs; p0 += split_rows) {
@@ -456,12 +458,8 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
                 const float dot = split_reduce_scatter(acc, lane);
                 const int   c = b * split_batch + lane / split_rows, r = lane % split_rows, p = p0 + r;
                 // A hidden cell's score is -inf whatever its row holds (its dot may be NaN).
-                float score = -INFINITY;
-                if (c < n_cells && p < pairs) {
-                    const float mk = a.mask != nullptr ? __half2float(a.mask[(int64_t) (p / gqa) * a.mask_row + c0 + c]) : 0.0f;
-                    score = mk == -INFINITY ? -INFINITY : dot * a.scale + mk;
-                }
-                w_s[c * split_rows + r] = score;
+                const float mk = p < pairs ? mask_s[(p / gqa) * padded + c] : -INFINITY;
+                w_s[c * split_rows + r] = mk == -INFINITY ? -INFINITY : dot * a.scale + mk;
             }
         }
         __syncthreads();
@@ -490,9 +488,15 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
         if (p0 == 0) {
             split_wait_groups<0>();
             __syncthreads();
+            // Cells no query row sees: their V rows zeros (an unused cache row may hold NaN, and
+            // 0 x NaN is NaN); every other row the contract keeps finite.
             for (int u = threadIdx.x; u < n_cells * units; u += split_threads) {
-                const int c = u / units;
-                if (!seen[c]) {
+                const int c    = u / units;
+                bool      seen = false;
+                for (int t = 0; t < a.n_q; ++t) {
+                    seen |= mask_s[t * padded + c] != -INFINITY;
+                }
+                if (!seen) {
                     *(uint4 *) (v_s + (size_t) c * D + 8 * (u % units)) = make_uint4(0, 0, 0, 0);
                 }
             }
@@ -539,16 +543,16 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
 }
 
 // The chunks' partials of query row R (blockIdx.y: key/value head R / pairs), 32 dims a block
-// (blockIdx.x): the largest maximum, each chunk's sum and weighted V scaled by exp of its maximum's
-// distance to it, warp w adding chunks w, w + 8, ... in order and warp 0 the warps' in order; then
-// divided and gated as the cluster kernel writes its rows. Every output element is written here,
-// after the split kernel is done (the wait), so Q and the gate may lie under the output.
+// (blockIdx.x), in one round of loads: warp w folds chunks w, w + 8, ... in order into its own
+// maximum, sum and weighted V (each rescaled to the larger maximum as it goes), then warp 0 folds
+// the warps' in order; divided and gated as the cluster kernel writes its rows. Every output
+// element is written here, after the split kernel is done (the wait), so Q and the gate may lie
+// under the output.
 template <int D>
 static __global__ void __launch_bounds__(split_threads) frt_attn_split_combine_kernel(const frt_attn_decode_args a,
                                                                                       int chunks) {
     constexpr int PS = D + 4;
-    __shared__ float reduce_s[split_warps];
-    __shared__ float part_s[split_warps][32];
+    __shared__ float max_s[split_warps], sum_s[split_warps], part_s[split_warps][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int gqa = a.heads / a.heads_kv, pairs = gqa * a.n_q;
     const int row = blockIdx.y, g = row / pairs, p = row % pairs, t = p / gqa, h = g * gqa + p % gqa;
@@ -558,45 +562,34 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_combine_k
     frt_pdl_wait();
     frt_pdl_launch_dependents();
 
-    const auto block_reduce = [&](float v, bool is_max) {
-        v = is_max ? frt_warp_max(v) : frt_warp_sum(v);
-        if (lane == 0) {
-            reduce_s[warp] = v;
-        }
-        __syncthreads();
-        float all = reduce_s[0];
-        for (int w = 1; w < split_warps; ++w) {
-            all = is_max ? fmaxf(all, reduce_s[w]) : all + reduce_s[w];
-        }
-        __syncthreads();
-        return all;
+    // (m, l, o) folded with (m2, l2, o2); a chunk no cell of which the row sees wrote a maximum of
+    // -inf and zeros, and takes weight 0.
+    const auto fold = [](float & m, float & l, float & o, float m2, float l2, float o2) {
+        const float mx = fmaxf(m, m2);
+        const float w1 = m == -INFINITY ? 0.0f : expf(m - mx);
+        const float w2 = m2 == -INFINITY ? 0.0f : expf(m2 - mx);
+        l              = l * w1 + l2 * w2;
+        o              = o * w1 + o2 * w2;
+        m              = mx;
     };
-    float mi = -INFINITY;
-    for (int c = threadIdx.x; c < chunks; c += split_threads) {
-        mi = fmaxf(mi, part[c * chunk_stride]);
-    }
-    const float mx = block_reduce(mi, true);
-    float       li = 0.0f;
-    for (int c = threadIdx.x; c < chunks; c += split_threads) {
-        const float m = part[c * chunk_stride];
-        li += m == -INFINITY ? 0.0f : expf(m - mx) * part[c * chunk_stride + 1];
-    }
-    const float sum = block_reduce(li, false);
-    float       o   = 0.0f;
+    float m = -INFINITY, l = 0.0f, o = 0.0f;
+#pragma unroll 4
     for (int c = warp; c < chunks; c += split_warps) {
-        const float m = part[c * chunk_stride];
-        if (m != -INFINITY) {  // a chunk no cell of which the row sees wrote zeros: skipped alike
-            o = fmaf(expf(m - mx), part[c * chunk_stride + 4 + dim], o);
-        }
+        const float * pc = part + c * chunk_stride;
+        fold(m, l, o, pc[0], pc[1], pc[4 + dim]);
+    }
+    if (lane == 0) {
+        max_s[warp] = m;
+        sum_s[warp] = l;
     }
     part_s[warp][lane] = o;
     __syncthreads();
-    if (warp == 0 && dim < a.d) {
-        float total = part_s[0][lane];
+    if (warp == 0) {
+        m = max_s[0], l = sum_s[0], o = part_s[0][lane];
         for (int w = 1; w < split_warps; ++w) {
-            total += part_s[w][lane];
+            fold(m, l, o, max_s[w], sum_s[w], part_s[w][lane]);
         }
-        const float attention = sum > 0.0f ? total / sum : 0.0f;
+        const float attention = l > 0.0f ? o / l : 0.0f;
         float *     out = a.out + (int64_t) t * a.out_token + (int64_t) h * a.out_head + dim;
         if (a.gate != nullptr) {
             const float x = a.gate[(int64_t) t * a.gate_token + (int64_t) h * a.gate_head + dim];

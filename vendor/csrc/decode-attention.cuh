@@ -19,8 +19,8 @@
 // key/value head for all the head's query rows: the rows asked of L2 before the PDL wait, copied
 // into shared memory, scored by warps holding 8 query rows in registers (a reduce-scatter over the
 // warp leaves one cell and row's score a lane), their softmax, the weighted V; each row's partial
-// (max, sum, weighted V) goes to a scratch buffer, and a second kernel combines a row's chunks in
-// chunk order (the same bits launch after launch) and applies the gate.
+// (max, sum, weighted V) goes to a scratch buffer, and a second kernel combines a row's chunks in a
+// fixed order (the same bits launch after launch) and applies the gate.
 //
 // Cells no query row sees may hold anything (an unused cache row: even NaN); a cell some row sees
 // must hold finite K and V (it is a written row), whichever rows it is hidden from.
