@@ -162,12 +162,28 @@ int main() {
 
     struct shape {
         int  n_kv, visible;
-        bool split;  // the split kernels on a cache the cluster kernel takes by default
+        bool split;        // the split kernels on a cache the cluster kernel takes by default
+        int  split_cells;  // the most cells a split block takes (0: the plan's)
     };
     const shape shapes[] = {
-        { 8, 1 },         { 256, 1 },       { 256, 64 },       { 256, 128 },        { 256, 256 },
-        { 256, 256, true }, { 512, 512 },   { 512, 512, true }, { 1024, 1024 },     { 1024, 1024, true },
-        { 2048, 2048 },   { 4096, 4096 },   { 8448, 8448 },    { 16384, 16384 },
+        { 8, 1 },
+        { 256, 1 },
+        { 256, 64 },
+        { 256, 128 },
+        { 256, 256 },
+        { 256, 256, true },
+        { 512, 512 },
+        { 512, 512, true },
+        { 1024, 1024 },
+        { 1024, 1024, true },
+        { 1024, 1024, true, 16 },
+        { 2048, 2048 },
+        { 4096, 4096 },
+        { 8448, 8448 },
+        { 8448, 8448, false, 64 },
+        { 8448, 8448, false, 96 },
+        { 16384, 16384 },
+        { 16384, 16384, false, 96 },
     };
     // The long caches' partials: the most any shape above asks.
     float * scratch       = nullptr;
@@ -175,7 +191,7 @@ int main() {
     for (const shape & s : shapes) {
         frt_attn_decode_args a = {};
         a.d = d, a.heads = heads, a.heads_kv = heads_kv, a.n_q = 1, a.n_kv = s.n_kv;
-        a.split_from  = s.split ? 1 : 0;
+        a.split_from = s.split ? 1 : 0, a.split_cells = s.split_cells;
         scratch_bytes = std::max(scratch_bytes, frt_attn_decode_scratch_bytes(a));
     }
     CHECK(cudaMalloc(&scratch, std::max<size_t>(scratch_bytes, 1)));
@@ -197,16 +213,18 @@ int main() {
                 a.out = out, a.out_token = (int64_t) heads * d, a.out_head = d;
                 a.scale = 0.0625f;
                 a.scratch = scratch;
-                a.split_from = s.split ? 1 : 0;
+                a.split_from = s.split ? 1 : 0, a.split_cells = s.split_cells;
                 CHECK(frt_attn_decode(a, stream));
             });
             frt_attn_decode_args shape_args = {};
             shape_args.d = d, shape_args.heads = heads, shape_args.heads_kv = heads_kv, shape_args.n_q = 1;
-            shape_args.n_kv = s.n_kv, shape_args.split_from = s.split ? 1 : 0;
-            const int chunks = frt_attn_decode_chunks(shape_args);
+            shape_args.n_kv = s.n_kv, shape_args.split_from = s.split ? 1 : 0, shape_args.split_cells = s.split_cells;
+            const int         chunks = frt_attn_decode_chunks(shape_args);
+            const std::string kind   = chunks <= 1 ? "cluster" :
+                                       "split: " + std::to_string(chunks) + " chunks a head" +
+                                           (s.split_cells > 0 ? ", at most " + std::to_string(s.split_cells) + " cells" : "");
             std::printf("| attn n_kv=%d vis=%d %s (%s, %d of %d blocks resident) | %.2f |\n", s.n_kv, s.visible,
-                        cold ? "cold" : "hot",
-                        chunks > 1 ? ("split: " + std::to_string(chunks) + " chunks a head").c_str() : "cluster",
+                        cold ? "cold" : "hot", kind.c_str(),
                         frt_attn_decode_resident_blocks(shape_args),
                         (chunks > 1 ? chunks : FRT_ATTN_DECODE_SPLIT) * heads_kv, us);
 #ifdef FRT_ATTN_DECODE_TRACE

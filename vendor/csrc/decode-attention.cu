@@ -622,15 +622,17 @@ static decode_device decode_device_now() {
 }
 
 // The split kernels' plan: as many blocks as one wave of the SMs takes (a block an SM), each of at
-// least 32 cells and at most what the device's shared memory holds (up to split_max_cells); more
-// cells than a wave holds take more blocks.
-static decode_plan split_plan_of(int d, int heads_kv, int n_kv, const decode_device & dev) {
-    decode_plan plan;
+// least 32 cells and at most what the device's shared memory holds (up to split_max_cells, or
+// `most` when set); more cells than a wave holds take more blocks (and blocks of fewer cells share
+// an SM).
+static decode_plan split_plan_of(int d, int heads_kv, int n_kv, int most, const decode_device & dev) {
+    decode_plan  plan;
     const size_t per_cell = split_smem_bytes(d, split_batch) / split_batch;
-    const int    cap      = std::min(split_max_cells, (int) ((size_t) dev.smem / per_cell) / split_batch * split_batch);
-    if (cap < 32) {
+    const int    fit      = std::min(split_max_cells, (int) ((size_t) dev.smem / per_cell) / split_batch * split_batch);
+    if (fit < 32) {
         return plan;
     }
+    const int cap = most > 0 ? std::min(fit, (most + split_batch - 1) / split_batch * split_batch) : fit;
     const auto ceil_div = [](int x, int y) { return (x + y - 1) / y; };
     const int  wave     = std::max(1, dev.sms / heads_kv);
     const int  chunks   = std::max(ceil_div(n_kv, cap), std::min(wave, ceil_div(n_kv, 32)));
@@ -645,10 +647,11 @@ static decode_plan split_plan_of(int d, int heads_kv, int n_kv, const decode_dev
 // Up to FRT_ATTN_DECODE_MAX_KV cells (or below split_from): one cluster a head, its blocks' cells
 // within the device's shared memory (sm_120's 99 KB take fewer cells than sm_90's 227 KB); longer
 // caches: the split kernels. No plan (chunks 0): a shape the device cannot take.
-static decode_plan decode_plan_of(int d, int heads_kv, int pairs, int n_kv, int split_from, const decode_device & dev) {
+static decode_plan decode_plan_of(int d, int heads_kv, int pairs, int n_kv, int split_from, int split_cells,
+                                  const decode_device & dev) {
     const int from = split_from > 0 ? split_from : FRT_ATTN_DECODE_MAX_KV + 1;
     if (n_kv >= from) {
-        decode_plan plan = split_plan_of(d, heads_kv, n_kv, dev);
+        decode_plan plan = split_plan_of(d, heads_kv, n_kv, split_cells, dev);
         if (plan.chunks == 1) {  // the combine kernel reads the scratch either way
             plan.chunks = 2;
             plan.cells  = (n_kv + 1) / 2;
@@ -682,7 +685,7 @@ const char * frt_attn_decode_unsupported_on(int d, int heads, int heads_kv, int 
     decode_device dev;
     dev.sms  = sms;
     dev.smem = smem;
-    if (decode_plan_of(d, heads_kv, n_q * (heads / heads_kv), n_kv, 0, dev).chunks == 0) {
+    if (decode_plan_of(d, heads_kv, n_q * (heads / heads_kv), n_kv, 0, 0, dev).chunks == 0) {
         return "the blocks' cells do not fit the device's shared memory beside this many query rows";
     }
     return nullptr;
@@ -698,7 +701,7 @@ static decode_plan decode_plan_of(const frt_attn_decode_args & a) {
     if (frt_attn_decode_unsupported_on(a.d, a.heads, a.heads_kv, a.n_q, a.n_kv, dev.sms, dev.smem) != nullptr) {
         return {};
     }
-    return decode_plan_of(a.d, a.heads_kv, a.n_q * (a.heads / a.heads_kv), a.n_kv, a.split_from, dev);
+    return decode_plan_of(a.d, a.heads_kv, a.n_q * (a.heads / a.heads_kv), a.n_kv, a.split_from, a.split_cells, dev);
 }
 
 int frt_attn_decode_chunks(const frt_attn_decode_args & a) {

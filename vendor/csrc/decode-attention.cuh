@@ -72,6 +72,9 @@ struct frt_attn_decode_args {
     // Caches of at least this many cells take the split kernels; 0: those of more than
     // FRT_ATTN_DECODE_MAX_KV cells (tests and tools set it to time or check them on short caches).
     int            split_from;
+    // The most cells a split block takes (0: as many as shared memory holds, up to 192); fewer make
+    // more, smaller blocks (tools time both).
+    int            split_cells;
 };
 
 // Cells a block of the cluster takes (caches of at most FRT_ATTN_DECODE_MAX_KV cells).

@@ -44,7 +44,8 @@ struct decode_case {
     int          visible;  // mask_kind::prefix
     bool         gated;    // with the output gate (frt_attn_decode_args::gate)
     out_place    place;
-    bool         split;    // the split kernels whatever the cache's size (frt_attn_decode_args::split_from)
+    bool         split;        // the split kernels whatever the cache's size (frt_attn_decode_args::split_from)
+    int          split_cells;  // frt_attn_decode_args::split_cells
 };
 
 // A value hidden from every row, as an unused cache row may hold.
@@ -162,7 +163,7 @@ static int run_case(const decode_case & dc, std::mt19937 & rng) {
     }
     frt_attn_decode_args a = {};
     a.d = d, a.heads = H, a.heads_kv = G, a.n_q = T, a.n_kv = N;
-    a.split_from = dc.split ? 1 : 0;
+    a.split_from = dc.split ? 1 : 0, a.split_cells = dc.split_cells;
     CHECK(cudaMalloc(&d_q, q.size() * sizeof(float)));
     CHECK(cudaMalloc(&d_out, ref.size() * sizeof(float)));
     CHECK(cudaMalloc(&d_k, k.size() * sizeof(__half)));
@@ -341,6 +342,8 @@ int main() {
           out_place::apart, true },
         { "split: gated, 1000 cells, 8 sequences' tokens", 256, 16, 2, 8, 1000, mask_kind::random, 0, true,
           out_place::apart, true },
+        { "split: 16 cells a block, 2048 cells, 2 tokens", 256, 16, 2, 2, 2048, mask_kind::prefix, 1900, false,
+          out_place::apart, true, 16 },
     };
     int failed = 0;
     for (const decode_case & dc : cases) {
