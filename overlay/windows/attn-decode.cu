@@ -12,6 +12,9 @@ static bool aligned16(const ggml_tensor * t) {
 
 // Caches of more than FRT_ATTN_DECODE_MAX_KV cells (the split kernels, decode-attention.cuh): taken
 // with GGML_FLASHRT_ATTN_DECODE_LONG=1 until measured in decode against stock's flash attention.
+// The switch also gives the split kernels the caches of more than half that (alone on the H100 they
+// beat the one-cluster kernel from 512 cells: 10.5 against 18.9 µs at 1024), so that one A/B at
+// tg128@d1024 compares the two in decode.
 static bool attn_decode_long_enabled() {
     static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_DECODE_LONG", false);
     return enabled;
@@ -218,6 +221,8 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     a.out_head  = fa->nb[1] / sizeof(float);
     a.out_token = fa->nb[2] / sizeof(float);
     a.scale     = flashrt_op_param_f32(fa, 0);
+
+    a.split_from = attn_decode_long_enabled() ? FRT_ATTN_DECODE_MAX_KV / 2 + 1 : 0;
     if (m.n_nodes > 1) {  // the gate folded in
         attn_gate ag;
         const char * miss = attn_gate_miss(cgraph, i, ag);
