@@ -228,7 +228,7 @@ int main() {
                         frt_attn_decode_resident_blocks(shape_args),
                         (chunks > 1 ? chunks : FRT_ATTN_DECODE_SPLIT) * heads_kv, us);
 #ifdef FRT_ATTN_DECODE_TRACE
-            if (frt_attn_decode_chunks(shape_args) == 1) {  // the marks are the cluster kernel's
+            if (chunks == 1) {  // the marks are the cluster kernel's
                 phase_rows.push_back(phase_row(s.n_kv, s.visible, cold));
             }
 #endif

@@ -301,8 +301,8 @@ static __global__ void __launch_bounds__(decode_threads) frt_attn_decode_kernel(
 //           over the warp leaves lane l the score of cell l / 8, row l % 8;
 //   softmax warp r: row r's maximum and sum over the block's cells, the weights in place;
 //   sums    warp (dims, rows) adds its 2 dims of the V rows times the rows' weights;
-// and the row's partial (maximum, sum, weighted V) goes to the scratch. The combine kernel then adds
-// each row's chunks in chunk order (the same bits launch after launch).
+// and the row's partial (maximum, sum, weighted V) goes to the scratch. The combine kernel then folds
+// each row's chunks in a fixed order (the same bits launch after launch).
 constexpr int split_threads = 256;
 constexpr int split_warps   = split_threads / 32;
 constexpr int split_rows    = 8;    // query rows a pass: a lane's accumulators
@@ -374,15 +374,17 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
     const int c0 = z * cells, n_cells = max(0, min(cells, a.n_kv - c0));
     const int batches = (n_cells + split_batch - 1) / split_batch;
     const int padded  = (cells + split_batch - 1) / split_batch * split_batch;
-    __half *  k_s  = (__half *) smem;
-    __half *  v_s  = k_s + (size_t) padded * D;
-    float *   w_s  = (float *) (v_s + (size_t) padded * D);  // [cell][row]: scores, then weights
-    float *   mask_s = w_s + (size_t) padded * split_rows;  // [token][cell]
+    __half *  k_s    = (__half *) smem;
+    __half *  v_s    = k_s + (size_t) padded * D;
+    float *   w_s    = (float *) (v_s + (size_t) padded * D);  // [cell][row]: scores, then weights
+    float *   mask_s = w_s + (size_t) padded * split_rows;     // [token][cell]
+    // The block's first K and V rows of head g; cell c's at + c * k_cell (v_cell).
+    const __half * k_rows = a.k + (int64_t) c0 * a.k_cell + (int64_t) g * a.k_head;
+    const __half * v_rows = a.v + (int64_t) c0 * a.v_cell + (int64_t) g * a.v_head;
 
     for (int i = threadIdx.x; i < 2 * n_cells; i += split_threads) {
         const int      c   = i / 2;
-        const __half * row = i % 2 == 0 ? a.k + (int64_t) (c0 + c) * a.k_cell + (int64_t) g * a.k_head :
-                                          a.v + (int64_t) (c0 + c) * a.v_cell + (int64_t) g * a.v_head;
+        const __half * row = i % 2 == 0 ? k_rows + (int64_t) c * a.k_cell : v_rows + (int64_t) c * a.v_cell;
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"((int) (D * sizeof(__half))) : "memory");
     }
     frt_pdl_wait();
@@ -394,15 +396,13 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
         const int cb = min(n_cells, (s + 1) * batches / split_stages * split_batch);
         for (int u = threadIdx.x; u < (cb - ca) * units; u += split_threads) {
             const int c = ca + u / units, x = u % units;
-            decode_cp_async16(k_s + (size_t) c * D + 8 * x,
-                              a.k + (int64_t) (c0 + c) * a.k_cell + (int64_t) g * a.k_head + 8 * x);
+            decode_cp_async16(k_s + (size_t) c * D + 8 * x, k_rows + (int64_t) c * a.k_cell + 8 * x);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
     for (int u = threadIdx.x; u < n_cells * units; u += split_threads) {
         const int c = u / units, x = u % units;
-        decode_cp_async16(v_s + (size_t) c * D + 8 * x,
-                          a.v + (int64_t) (c0 + c) * a.v_cell + (int64_t) g * a.v_head + 8 * x);
+        decode_cp_async16(v_s + (size_t) c * D + 8 * x, v_rows + (int64_t) c * a.v_cell + 8 * x);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
     // The block's mask (0 without one; cells past the block's -inf), loading while the rows land; the
@@ -627,15 +627,15 @@ static decode_device decode_device_now() {
 // an SM).
 static decode_plan split_plan_of(int d, int heads_kv, int n_kv, int most, const decode_device & dev) {
     decode_plan  plan;
+    const auto   ceil_div = [](int x, int y) { return (x + y - 1) / y; };
     const size_t per_cell = split_smem_bytes(d, split_batch) / split_batch;
     const int    fit      = std::min(split_max_cells, (int) ((size_t) dev.smem / per_cell) / split_batch * split_batch);
     if (fit < 32) {
         return plan;
     }
-    const int cap = most > 0 ? std::min(fit, (most + split_batch - 1) / split_batch * split_batch) : fit;
-    const auto ceil_div = [](int x, int y) { return (x + y - 1) / y; };
-    const int  wave     = std::max(1, dev.sms / heads_kv);
-    const int  chunks   = std::max(ceil_div(n_kv, cap), std::min(wave, ceil_div(n_kv, 32)));
+    const int cap    = most > 0 ? std::min(fit, ceil_div(most, split_batch) * split_batch) : fit;
+    const int wave   = std::max(1, dev.sms / heads_kv);
+    const int chunks = std::max(ceil_div(n_kv, cap), std::min(wave, ceil_div(n_kv, 32)));
     if (chunks > split_max_chunks) {
         return plan;
     }
@@ -737,16 +737,11 @@ template <int D> static int decode_resident_blocks(const frt_attn_decode_args & 
     if (decode_allow_smem<D>(split) != cudaSuccess) {
         return -1;
     }
-    int sms = 0, device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-        return -1;
-    }
     if (split) {
         int n = 0;
         return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, frt_attn_split_kernel<D>, split_threads,
                                                              split_smem_bytes(D, plan.cells)) == cudaSuccess ?
-                   n * sms :
+                   n * decode_device_now().sms :
                    -1;
     }
     cudaLaunchAttribute cluster = {};
