@@ -10,13 +10,21 @@ static bool aligned16(const ggml_tensor * t) {
     return t->nb[0] == sizeof(ggml_fp16_t) && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && (uintptr_t) t->data % 16 == 0;
 }
 
-// Caches of more than FRT_ATTN_DECODE_MAX_KV cells (the split kernels, decode-attention.cuh): taken
-// with GGML_FLASHRT_ATTN_DECODE_LONG=1 until measured in decode against stock's flash attention.
-// The switch also gives the split kernels the caches of more than half that (alone on the H100 they
-// beat the one-cluster kernel from 512 cells: 10.5 against 18.9 µs at 1024), so that one A/B at
-// tg128@d1024 compares the two in decode.
+// Caches of more than FRT_ATTN_DECODE_MAX_KV cells go to the split kernels (decode-attention.cuh)
+// unless GGML_FLASHRT_ATTN_DECODE_LONG=0 (stock's flash attention). On the H100, tg128@d8192 +1.7%
+// against stock's flash attention and its fix-up, tg128@d1024 (1280 cells) -0.6%, within the
+// +-1.2% that two identical configurations differed by in the same bench
+// (bench/results/2026-12-07-b92628f-h100-split-decode).
 static bool attn_decode_long_enabled() {
-    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_DECODE_LONG", false);
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_DECODE_LONG", true);
+    return enabled;
+}
+
+// Experiment: the split kernels also take caches of 513-1024 cells from the one-cluster kernel
+// (alone on the H100 10.4 against 19.0 µs at 1024 cells, 10.1 against 12.2 at 512), not yet
+// measured in decode (tg128@d512 runs 768 cells).
+static bool attn_decode_mid_split_enabled() {
+    static const bool enabled = flashrt_env_flag("GGML_FLASHRT_ATTN_DECODE_MID_SPLIT", false);
     return enabled;
 }
 
@@ -34,7 +42,7 @@ static const char * attn_decode_miss(const ggml_tensor * fa) {
         return "K and V shapes differ from Q's head size or from each other";
     }
     if (n_kv > FRT_ATTN_DECODE_MAX_KV && !attn_decode_long_enabled()) {
-        return "more than 1024 cells (GGML_FLASHRT_ATTN_DECODE_LONG=1 takes them: not yet measured in decode)";
+        return "more than 1024 cells (GGML_FLASHRT_ATTN_DECODE_LONG=0)";
     }
     if (const char * why = frt_attn_decode_unsupported((int) d, (int) heads, (int) heads_kv, (int) n_q, (int) n_kv)) {
         return why;
@@ -222,7 +230,7 @@ void flashrt_run_attn_decode(ggml_backend_cuda_context & ctx, ggml_cgraph * cgra
     a.out_token = fa->nb[2] / sizeof(float);
     a.scale     = flashrt_op_param_f32(fa, 0);
 
-    a.split_from = attn_decode_long_enabled() ? FRT_ATTN_DECODE_MAX_KV / 2 + 1 : 0;
+    a.split_from = attn_decode_mid_split_enabled() ? FRT_ATTN_DECODE_MAX_KV / 2 + 1 : 0;
     if (m.n_nodes > 1) {  // the gate folded in
         attn_gate ag;
         const char * miss = attn_gate_miss(cgraph, i, ag);
