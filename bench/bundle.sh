@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares .xtask/device/ on a CPU machine for the device scripts (bench/README.md): the release
 # xtask, the pinned llama.cpp packed, the commit the results are recorded under, and (unless
-# VENDOR=0) the vendor kernel tests, gemv-bench, tail-bench and attn-decode-bench built for sm_90a with the pinned
+# VENDOR=0) the vendor kernel tests, gemv-bench, tail-bench and attn-decode-bench (also traced) built for sm_90a with the pinned
 # CUDA toolkit (the pip nvcc xtask installs into .xtask/toolchains), packed as vendor-tests.tar.xz,
 # the form ab.sh and diagnose.sh unpack. PROBES=1 also builds bench/tools' probes into .xtask/probe/.
 # Objects are kept in .xtask/vendor-objects and rebuilt when their source or a header is newer.
@@ -70,6 +70,9 @@ if [ "${VENDOR:-1}" = 1 ]; then
     for bench in gemv-bench tail-bench attn-decode-bench; do
         "$nvcc" -arch=sm_90a "$objects/$bench.o" "${library[@]}" -L "$cuda_lib" -o "$stage/$bench"
     done
+    echo "==> attn-decode-bench-trace (ATTN_DECODE's phase marks)"
+    "$nvcc" "${flags[@]}" -DFRT_ATTN_DECODE_TRACE vendor/csrc/decode-attention.cu vendor/csrc/pdl.cu \
+        bench/tools/attn-decode-bench.cu -L "$cuda_lib" -o "$stage/attn-decode-bench-trace"
     tar -cf - -C "$stage" . | xz -9 -T "$jobs" > .xtask/device/vendor-tests.tar.xz
 fi
 

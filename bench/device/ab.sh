@@ -37,7 +37,7 @@
 # packed with `tar -cf - test-* | xz -9 -T1` (gemv-bench beside them, bench/tools/gemv-bench.cu
 # linked the same way, adds its exact-kernel rows under each setting; tail-bench, from
 # bench/tools/tail-bench.cu, MOE_TAIL's µs under each setting; attn-decode-bench, ATTN_DECODE's
-# kernels alone from 8 to 16384 cells; fifo-probe, from
+# kernels alone from 8 to 16384 cells, and attn-decode-bench-trace, its phase marks; fifo-probe, from
 # bench/tools/fifo-probe.cu, its table).
 # ARCHIVE_AT=SECONDS: $OUT/all.tgz is also written that many seconds after the start, so that a call
 # cut off by its time limit (e.g. ARCHIVE_AT=560 under `timeout 575`) still brings back every file
@@ -170,6 +170,12 @@ check)
     if [ -x /tmp/vendor-tests/attn-decode-bench ]; then
         timeout 120 /tmp/vendor-tests/attn-decode-bench > "$out/attn-decode-bench.md" 2>&1
         say "attn-decode-bench: $(grep -E '^\| attn n_kv=(1024|2048|8448|16384) .*cold' "$out/attn-decode-bench.md" | tr -s ' ' | tr '\n' ' ')"
+    fi
+    # Its traced build (the kernels' phase marks, decode-attention.cuh), when packed: where a launch's
+    # µs go, block by block (attn-decode-trace.md).
+    if [ -x /tmp/vendor-tests/attn-decode-bench-trace ]; then
+        timeout 120 /tmp/vendor-tests/attn-decode-bench-trace > "$out/attn-decode-trace.md" 2>&1
+        say "attn-decode phases: $(grep -E '^\| n_kv=(256|1024|8448) vis=[0-9]+ cold' "$out/attn-decode-trace.md" | tr -s ' ' | tr '\n' ' ')"
     fi
     # gemv-bench, when packed with the tests: the exact kernel at every decode shape, 1 token, under
     # the default and each experiment (gemv-bench-*.md); with GEMV_AFTER=NAME also the shapes of

@@ -87,24 +87,28 @@ static double us_per_launch(cudaStream_t stream, int reps, const std::function<v
 }
 
 #ifdef FRT_ATTN_DECODE_TRACE
-// The kernel's phase marks (decode-attention.cuh) of its last launch as one table row.
-static std::string phase_row(int n_kv, int visible, bool cold) {
-    constexpr int      blocks = FRT_ATTN_DECODE_SPLIT * heads_kv, phases = FRT_ATTN_DECODE_TRACE_PHASES;
-    unsigned long long marks[FRT_ATTN_DECODE_TRACE_BLOCKS][FRT_ATTN_DECODE_TRACE_PHASES];
+// The kernels' phase marks (decode-attention.cuh) of the last launch as one table row: `blocks`
+// blocks mark phases 0-7 (the cluster or the split kernel), `late_blocks` phases 8-9 (the cluster
+// kernel's same blocks, or the split kernels' combine).
+static std::string phase_row(const std::string & name, int blocks, int late_blocks) {
+    constexpr int phases = FRT_ATTN_DECODE_TRACE_PHASES;
+    static unsigned long long marks[FRT_ATTN_DECODE_TRACE_BLOCKS][FRT_ATTN_DECODE_TRACE_PHASES];
     CHECK(frt_attn_decode_trace(&marks[0][0]));
+    blocks      = std::min(blocks, FRT_ATTN_DECODE_TRACE_BLOCKS);
+    late_blocks = std::min(late_blocks, FRT_ATTN_DECODE_TRACE_BLOCKS);
     unsigned long long base = marks[0][1];
     for (int b = 0; b < blocks; ++b) {
         base = std::min(base, marks[b][1]);
     }
     char row[512];
-    int  n = std::snprintf(row, sizeof(row), "| n_kv=%d vis=%d %s |", n_kv, visible, cold ? "cold" : "hot");
+    int  n = std::snprintf(row, sizeof(row), "| %s |", name.c_str());
     for (int p = 0; p < phases; ++p) {
         std::vector<double> us;
-        for (int b = 0; b < blocks; ++b) {
+        for (int b = 0; b < (p < 8 ? blocks : late_blocks); ++b) {
             us.push_back(((double) marks[b][p] - (double) base) / 1000.0);
         }
         std::sort(us.begin(), us.end());
-        n += std::snprintf(row + n, sizeof(row) - n, " %.2f / %.2f |", us[blocks / 2], us.back());
+        n += std::snprintf(row + n, sizeof(row) - n, " %.2f / %.2f |", us[us.size() / 2], us.back());
     }
     return row;
 }
@@ -228,17 +232,26 @@ int main() {
                         frt_attn_decode_resident_blocks(shape_args),
                         (chunks > 1 ? chunks : FRT_ATTN_DECODE_SPLIT) * heads_kv, us);
 #ifdef FRT_ATTN_DECODE_TRACE
-            if (chunks == 1) {  // the marks are the cluster kernel's
-                phase_rows.push_back(phase_row(s.n_kv, s.visible, cold));
+            {
+                char name[128];
+                std::snprintf(name, sizeof(name), "n_kv=%d vis=%d %s %s", s.n_kv, s.visible, cold ? "cold" : "hot",
+                              chunks <= 1 ? "cluster" : "split");
+                const int pairs = heads / heads_kv;  // one token
+                phase_rows.push_back(chunks <= 1 ?
+                                         phase_row(name, FRT_ATTN_DECODE_SPLIT * heads_kv, FRT_ATTN_DECODE_SPLIT * heads_kv) :
+                                         phase_row(name, chunks * heads_kv, d / 32 * pairs * heads_kv));
             }
 #endif
         }
     }
 #ifdef FRT_ATTN_DECODE_TRACE
     std::printf("\nPhases of the last launch of a replay, µs from the first block past its PDL wait (median "
-                "block / last block): 0 start, 1 past the wait, 2 loads issued, 3 copies landed, 4 past the cluster "
-                "wait, 5 first row scored, 6 its V summed, 7 partials stored, 8 past the cluster barrier, 9 combined "
-                "and written (the end)\n\n| case | 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 |\n"
+                "block / last block). Cluster rows: 0 start, 1 past the wait, 2 loads issued, 3 copies landed, 4 past "
+                "the cluster wait, 5 first row scored, 6 its V summed, 7 partials stored, 8 past the cluster barrier, "
+                "9 combined and written (the end). Split rows: 0 start, 1 past the wait, 2 copies issued and the mask "
+                "in shared memory, 3 K's first stage landed, 4 first row group scored, 5 its softmax, 6 V landed, 7 "
+                "partials stored (the end); the combine's blocks: 8 past its wait, 9 written (the end)\n\n"
+                "| case | 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 |\n"
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const std::string & row : phase_rows) {
         std::printf("%s\n", row.c_str());

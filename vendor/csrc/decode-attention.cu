@@ -382,6 +382,7 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
     const __half * k_rows = a.k + (int64_t) c0 * a.k_cell + (int64_t) g * a.k_head;
     const __half * v_rows = a.v + (int64_t) c0 * a.v_cell + (int64_t) g * a.v_head;
 
+    decode_mark(0);
     for (int i = threadIdx.x; i < 2 * n_cells; i += split_threads) {
         const int      c   = i / 2;
         const __half * row = i % 2 == 0 ? k_rows + (int64_t) c * a.k_cell : v_rows + (int64_t) c * a.v_cell;
@@ -389,6 +390,7 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
     }
     frt_pdl_wait();
     frt_pdl_launch_dependents();
+    decode_mark(1);
 
     constexpr int units = D / 8;  // 16-byte copies a row
     for (int s = 0; s < split_stages; ++s) {
@@ -413,6 +415,7 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
                       a.mask != nullptr ? __half2float(a.mask[(int64_t) t * a.mask_row + c0 + c]) :
                                           0.0f;
     }
+    decode_mark(2);
 
     for (int p0 = 0; p0 < pairs; p0 += split_rows) {
         // This group's query rows, a lane's dims of each; rows past the head's: zeros, hidden below.
@@ -437,6 +440,9 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
             if (p0 == 0) {
                 split_wait_stage(s);
                 __syncthreads();
+                if (s == 0) {
+                    decode_mark(3);
+                }
             }
             const int b1 = (s + 1) * batches / split_stages;
             for (int b = s * batches / split_stages + warp; b < b1; b += split_warps) {
@@ -463,6 +469,9 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
             }
         }
         __syncthreads();
+        if (p0 == 0) {
+            decode_mark(4);
+        }
 
         {  // softmax of row p0 + warp over the block's cells
             const int r = warp, p = p0 + r;
@@ -479,6 +488,9 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
                 l += e;
             }
             l = frt_warp_sum(l);
+            if (p0 == 0) {
+                decode_mark(5, l);
+            }
             if (p < pairs && lane == 0) {
                 float * pp = a.scratch + ((int64_t) (g * chunks + z) * pairs + p) * PS;
                 pp[0] = m;
@@ -502,6 +514,9 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
             }
         }
         __syncthreads();
+        if (p0 == 0) {
+            decode_mark(6);
+        }
 
         {  // weighted V: warp (dims, rows) sums dims dg * 64 + 2 * lane, + 1 of rows rs * RW, ...
             const int dg = warp % DG, rs = warp / DG, dim = dg * 64 + 2 * lane;
@@ -540,6 +555,7 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
         }
         __syncthreads();  // the next group's scores overwrite w_s
     }
+    decode_mark(7);
 }
 
 // The chunks' partials of query row R (blockIdx.y: key/value head R / pairs), 32 dims a block
@@ -561,6 +577,7 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_combine_k
     const float * part = a.scratch + ((int64_t) g * chunks * pairs + p) * PS;
     frt_pdl_wait();
     frt_pdl_launch_dependents();
+    decode_mark(8);
 
     // (m, l, o) folded with (m2, l2, o2); a chunk no cell of which the row sees wrote a maximum of
     // -inf and zeros, and takes weight 0.
@@ -597,6 +614,7 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_combine_k
         } else {
             *out = attention;
         }
+        decode_mark(9, attention);
     }
 }
 

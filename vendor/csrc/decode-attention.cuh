@@ -107,11 +107,15 @@ cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream)
 
 #ifdef FRT_ATTN_DECODE_TRACE
 // Measurement builds only: the global timer (ns) at the phases of the last launch, per block
-// (blockIdx.y * SPLIT + blockIdx.x): 0 start, 1 past the PDL wait, 2 copies and loads issued,
-// 3 copies landed, 4 past the cluster wait (every block runs), 5 the first row's scores and their
-// maximum, 6 its weighted V, 7 every row's partial stored, 8 past the cluster barrier, 9 combined
-// and written (the end).
-constexpr int FRT_ATTN_DECODE_TRACE_BLOCKS = 64;
+// (blockIdx.y * gridDim.x + blockIdx.x, the first FRT_ATTN_DECODE_TRACE_BLOCKS). The cluster kernel:
+// 0 start, 1 past the PDL wait, 2 copies and loads issued, 3 copies landed, 4 past the cluster wait
+// (every block runs), 5 the first row's scores and their maximum, 6 its weighted V, 7 every row's
+// partial stored, 8 past the cluster barrier, 9 combined and written (the end). The split kernel
+// (phases 0-7 of its blocks): 0 start, 1 past the PDL wait, 2 copies issued and the mask in shared
+// memory, 3 K's first stage landed, 4 the first row group scored, 5 its softmax, 6 V landed (and
+// unseen rows zeroed), 7 every row group's partials stored (the end); its combine kernel (phases
+// 8-9 of its own blocks): 8 past the PDL wait, 9 written (the end).
+constexpr int FRT_ATTN_DECODE_TRACE_BLOCKS = 512;
 constexpr int FRT_ATTN_DECODE_TRACE_PHASES = 10;
 cudaError_t frt_attn_decode_trace(unsigned long long * marks);  // BLOCKS x PHASES
 #endif
