@@ -17,7 +17,8 @@
 //
 // Build and run (device): nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools \
 //     bench/tools/attn-decode-bench.cu vendor/csrc/decode-attention.cu vendor/csrc/pdl.cu \
-//     -o /tmp/attn-decode-bench && /tmp/attn-decode-bench
+//     -o /tmp/attn-decode-bench && /tmp/attn-decode-bench [CELLS[,CELLS...]]
+// (CELLS: only the cases over those cache sizes, e.g. 256,1024,8448.)
 // With -DFRT_ATTN_DECODE_TRACE (both files) the kernel notes the global timer at its phases and a
 // second table gives, per case, when the last launch's blocks passed them (the µs a launch
 // include the marks' cost: a few stores a block).
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <cooperative_groups.h>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -114,7 +116,18 @@ static std::string phase_row(const std::string & name, int blocks, int late_bloc
 }
 #endif
 
-int main() {
+int main(int argc, char ** argv) {
+    // Optional: the cache sizes to run, comma-separated (e.g. 256,1024,8448); all by default.
+    std::vector<int> only;
+    for (const char * p = argc > 1 ? argv[1] : ""; *p != '\0';) {
+        char * end = nullptr;
+        only.push_back((int) std::strtol(p, &end, 10));
+        if (end == p) {
+            std::fprintf(stderr, "usage: %s [CELLS[,CELLS...]]\n", argv[0]);
+            return 2;
+        }
+        p = *end == ',' ? end + 1 : end;
+    }
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     std::mt19937 rng(std::random_device{}());
@@ -201,6 +214,9 @@ int main() {
     CHECK(cudaMalloc(&scratch, std::max<size_t>(scratch_bytes, 1)));
     std::vector<__half> mh(max_kv);
     for (const shape & s : shapes) {
+        if (!only.empty() && std::find(only.begin(), only.end(), s.n_kv) == only.end()) {
+            continue;
+        }
         for (int c = 0; c < max_kv; ++c) {
             mh[c] = __float2half(c < s.visible ? 0.0f : -INFINITY);
         }
