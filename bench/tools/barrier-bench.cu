@@ -10,6 +10,14 @@
 //              each phase's slice copied after the barrier
 //   prefetch   one kernel, phase p + 1's slice copied before barrier p (two buffers), as the design
 //              stages the next phase's rows while it waits
+//   flags      one kernel, a barrier of one flag a block: each block stores the phase it finished
+//              into its own word (a release), thread t of every block waits for block t's word (an
+//              acquire): no atomics, no block singled out, one round trip to L2 after the last
+//              arrival instead of barrier's chain (fence, returning atomic, the last block's
+//              store and fence, the others' polls)
+//   red        one kernel, one counter that every block adds to without waiting for the result
+//              (red.release) and then polls until it holds the phase's count
+//   flags+pf   flags, with phase p + 1's slice copied before barrier p
 // The one-kernel modes are launched with the cooperative attribute (all blocks resident, which the
 // barrier needs) and PDL together, captured in a graph: that the capture and instantiation work is
 // the second question. Every block checks that each phase saw every block's previous phase (a
@@ -37,7 +45,8 @@ struct bench_args {
     const uint8_t * src;        // blocks x phases x bytes
     int             bytes;      // a block's slice a phase
     int             phases;
-    unsigned *      counter;    // barrier arrivals
+    unsigned *      counter;    // barrier arrivals (barrier: reset by the last block; red: only grows)
+    unsigned *      flags;      // flags: the phases each block has finished (gridDim.x words)
     unsigned *      epoch;      // barrier generation
     unsigned *      seen;       // per phase: blocks that finished it
     unsigned *      errors;     // blocks that saw a phase unfinished by others
@@ -82,6 +91,38 @@ static __device__ __forceinline__ void grid_barrier(const bench_args & a, unsign
     __syncthreads();
 }
 
+static __device__ __forceinline__ void store_release(unsigned * p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Block b's flag holds how many phases it has finished; `done` is that count for every block once
+// all have arrived. The block's barrier orders its threads' writes before thread 0's release; the
+// acquiring threads' barrier orders the other blocks' writes before this block's next reads.
+static __device__ __forceinline__ void flag_barrier(const bench_args & a, unsigned done) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        store_release(a.flags + blockIdx.x, done);
+    }
+    if (threadIdx.x < gridDim.x) {
+        while (load_acquire(a.flags + threadIdx.x) < done) {
+        }
+    }
+    __syncthreads();
+}
+
+// The counter holds gridDim.x arrivals a finished phase (zeroed before the launch).
+static __device__ __forceinline__ void red_barrier(const bench_args & a, unsigned done) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.counter) : "memory");
+        while (load_acquire(a.counter) < done * gridDim.x) {
+        }
+    }
+    __syncthreads();
+}
+
+enum barrier_kind { kEpoch, kFlags, kRed };
+
 // A phase's work: the staged slice summed (so the copy is used), the block's arrival counted, and
 // the previous phase checked complete.
 static __device__ void phase_work(const bench_args & a, int phase, const uint8_t * stage, float & acc) {
@@ -115,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 2) launch_kernel(const bench_args a,
     }
 }
 
-template <bool PREFETCH> __global__ void __launch_bounds__(kThreads, 2) barrier_kernel(const bench_args a) {
+template <bool PREFETCH, int KIND> __global__ void __launch_bounds__(kThreads, 2) barrier_kernel(const bench_args a) {
     extern __shared__ __align__(16) uint8_t smem[];
     frt_pdl_wait();
     __shared__ unsigned start_epoch;
@@ -139,7 +180,13 @@ template <bool PREFETCH> __global__ void __launch_bounds__(kThreads, 2) barrier_
             copy_async(smem + ((phase + 1) % 2) * kMaxStage, slice(a, phase + 1), a.bytes);
         }
         if (phase + 1 < a.phases) {
-            grid_barrier(a, epoch);
+            if (KIND == kEpoch) {
+                grid_barrier(a, epoch);
+            } else if (KIND == kFlags) {
+                flag_barrier(a, (unsigned) phase + 1);
+            } else {
+                red_barrier(a, (unsigned) phase + 1);
+            }
         }
     }
     if (acc == -1.0f) {
@@ -189,6 +236,11 @@ int main(int argc, char ** argv) {
     CHECK(cudaGetDevice(&device));
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     const int blocks = 2 * sms;
+    if (blocks > kThreads) {  // flags: a thread a block waits
+        std::fprintf(stderr, "barrier-bench: %d blocks, more than the %d threads a block that the flags barrier needs\n",
+                     blocks, kThreads);
+        return 2;
+    }
     for (int bytes : byte_list) {
         if (bytes < 0 || bytes > kMaxStage || bytes % 16 != 0) {
             std::fprintf(stderr, "barrier-bench: --bytes from 0 to %d, multiples of 16\n", kMaxStage);
@@ -199,18 +251,22 @@ int main(int argc, char ** argv) {
     uint8_t * src = nullptr;
     CHECK(cudaMalloc(&src, std::max<size_t>(16, (size_t) phases * blocks * max_bytes)));
     CHECK(cudaMemset(src, 1, std::max<size_t>(16, (size_t) phases * blocks * max_bytes)));
-    unsigned *counter = nullptr, *epoch = nullptr, *seen = nullptr, *errors = nullptr;
+    unsigned *counter = nullptr, *epoch = nullptr, *seen = nullptr, *errors = nullptr, *flags = nullptr;
     float *   sink    = nullptr;
     CHECK(cudaMalloc(&counter, sizeof(unsigned)));
     CHECK(cudaMalloc(&epoch, sizeof(unsigned)));
     CHECK(cudaMalloc(&seen, phases * sizeof(unsigned)));
     CHECK(cudaMalloc(&errors, sizeof(unsigned)));
+    CHECK(cudaMalloc(&flags, blocks * sizeof(unsigned)));
     CHECK(cudaMalloc(&sink, blocks * sizeof(float)));
     CHECK(cudaMemset(counter, 0, sizeof(unsigned)));
     CHECK(cudaMemset(epoch, 0, sizeof(unsigned)));
     CHECK(cudaFuncSetAttribute(launch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStage));
-    CHECK(cudaFuncSetAttribute(barrier_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStage));
-    CHECK(cudaFuncSetAttribute(barrier_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kMaxStage));
+    CHECK(cudaFuncSetAttribute(barrier_kernel<false, kEpoch>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStage));
+    CHECK(cudaFuncSetAttribute(barrier_kernel<true, kEpoch>, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kMaxStage));
+    CHECK(cudaFuncSetAttribute(barrier_kernel<false, kFlags>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStage));
+    CHECK(cudaFuncSetAttribute(barrier_kernel<false, kRed>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStage));
+    CHECK(cudaFuncSetAttribute(barrier_kernel<true, kFlags>, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kMaxStage));
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -219,21 +275,32 @@ int main(int argc, char ** argv) {
     std::printf("%s, %d SMs: %d blocks of %d threads, %d phases, median of %d graph replays\n\n", prop.name, sms,
                 blocks, kThreads, phases, replays);
     std::printf("| mode | bytes a block a phase | MB a phase | µs a phase | phases seen early |\n|---|---:|---:|---:|---:|\n");
-    const char * modes[] = { "launches", "barrier", "prefetch" };
+    const char * modes[] = { "launches", "barrier", "prefetch", "flags", "red", "flags+pf" };
+    constexpr int n_modes = sizeof(modes) / sizeof(modes[0]);
     int failed = 0;
     for (int bytes : byte_list) {
-        for (int mode = 0; mode < 3; ++mode) {
-            const bench_args a = { src, bytes, phases, counter, epoch, seen, errors, sink };
+        for (int mode = 0; mode < n_modes; ++mode) {
+            const bench_args a = { src, bytes, phases, counter, flags, epoch, seen, errors, sink };
             const auto       record = [&](cudaStream_t s) {
                 CHECK(cudaMemsetAsync(seen, 0, phases * sizeof(unsigned), s));
+                if (mode >= 3) {  // barrier's counter is left at zero by its last block
+                    CHECK(cudaMemsetAsync(flags, 0, blocks * sizeof(unsigned), s));
+                    CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), s));
+                }
                 if (mode == 0) {
                     for (int p = 0; p < phases; ++p) {
                         launch(launch_kernel, blocks, (size_t) kMaxStage, s, false, a, p);
                     }
                 } else if (mode == 1) {
-                    launch(barrier_kernel<false>, blocks, (size_t) kMaxStage, s, true, a);
+                    launch(barrier_kernel<false, kEpoch>, blocks, (size_t) kMaxStage, s, true, a);
+                } else if (mode == 2) {
+                    launch(barrier_kernel<true, kEpoch>, blocks, (size_t) 2 * kMaxStage, s, true, a);
+                } else if (mode == 3) {
+                    launch(barrier_kernel<false, kFlags>, blocks, (size_t) kMaxStage, s, true, a);
+                } else if (mode == 4) {
+                    launch(barrier_kernel<false, kRed>, blocks, (size_t) kMaxStage, s, true, a);
                 } else {
-                    launch(barrier_kernel<true>, blocks, (size_t) 2 * kMaxStage, s, true, a);
+                    launch(barrier_kernel<true, kFlags>, blocks, (size_t) 2 * kMaxStage, s, true, a);
                 }
             };
             cudaGraph_t graph;
