@@ -49,6 +49,13 @@ static bool exact_evict_first() {
     return evict_first;
 }
 
+// The rows' warp sums by reduce-scatter, 16 rows a warp (exact_sum_rows; the same bits), with
+// GGML_FLASHRT_EXACT_SCATTER_SUMS=1: an experiment.
+static bool exact_scatter_sums() {
+    static const bool on = frt_env_flag("GGML_FLASHRT_EXACT_SCATTER_SUMS", false);
+    return on;
+}
+
 // A launch of an input norm and F32 rows only (the ROUTER window's: the router and the shared
 // expert's gate vector) runs on frt_router_f32, one row a block with the rows in registers before
 // the wait (router-f32.cuh), the same bits; GGML_FLASHRT_ROUTER_F32=0 keeps it here.
@@ -199,6 +206,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_q8         = (const uint8_t *) a.x_q8;
     p.n_segments   = a.n_segments;
     p.evict_first         = exact_evict_first() ? 1 : 0;
+    p.scatter_sums        = exact_scatter_sums() ? 1 : 0;
     {
         exact_trace_ring &          r = trace_ring();
         std::lock_guard<std::mutex> lock(r.mutex);
