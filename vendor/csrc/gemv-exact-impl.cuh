@@ -96,7 +96,7 @@ struct exact_params {
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
     int           evict_first;  // the staged rows' copies marked evict-first in L2 (exact_stager)
-    int           scatter_sums;  // the rows' warp sums by reduce-scatter (exact_sum_rows)
+    int           scatter_rows;  // blocks of at least this many rows add them by reduce-scatter (0: none)
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
     frt_gemv_trace_record * trace;
@@ -779,8 +779,13 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
 // The block's rows [row0, row0 + n) summed and stored, from their partial sums `part` ([row][stock
 // warp][lane]; with GLU the gate rows' from row gpart on): for each row, warp 0's lanes plus warps
 // 1, 2, 3 (zeros where a row has fewer threads, added as stock adds them), then the butterfly over
-// the lanes. A warp a row, or (scatter_sums) 4 rows a warp by reduce-scatter (frt_warp_sum_rows:
-// the same bits, 6 shuffles for 4 rows instead of 20; 8 rows a warp made ptxas spill).
+// the lanes. A warp a row, or, in a block of at least scatter_rows rows, 4 rows a warp by
+// reduce-scatter (frt_warp_sum_rows: the same bits, 6 shuffles for 4 rows instead of 20; 8 rows a
+// warp made ptxas spill). Measured in decode (H100 trace): the reduce-scatter shortens the store
+// phase of blocks of 36-70 rows (INPROJ, ATTNQKV, the experts' down: -0.4 to -0.55 µs) and
+// lengthens it slightly where a block has 8-20 (ssm_out, attn_output, the SwiGLU gate/up: +0.1 to
+// +0.2 µs: 16 warps a row each are then more parallel than 2-5 warps of 4 rows). Not inlined: in
+// the kernel's body it made ptxas spill in the products' loop.
 template <bool GLU>
 static __device__ __noinline__ void exact_sum_rows(const exact_params & p, const exact_seg & s, int slot, int row0,
                                                       int n, bool valid, int per_row, const float * part, int gpart) {
@@ -794,7 +799,7 @@ static __device__ __noinline__ void exact_sum_rows(const exact_params & p, const
         }
         return v;
     };
-    if (!p.scatter_sums) {
+    if (p.scatter_rows == 0 || n < p.scatter_rows) {
         for (int j = warp; j < n; j += kExactThreads / 32) {
             const float v    = valid ? frt_warp_sum(lanes(j)) : nan;
             float       gate = 0.0f;

@@ -49,11 +49,12 @@ static bool exact_evict_first() {
     return evict_first;
 }
 
-// The rows' warp sums by reduce-scatter, 16 rows a warp (exact_sum_rows; the same bits), with
-// GGML_FLASHRT_EXACT_SCATTER_SUMS=1: an experiment.
-static bool exact_scatter_sums() {
-    static const bool on = frt_env_flag("GGML_FLASHRT_EXACT_SCATTER_SUMS", false);
-    return on;
+// Blocks of at least this many rows add them across the lanes by reduce-scatter (exact_sum_rows;
+// the same bits): GGML_FLASHRT_EXACT_SCATTER_ROWS, 33 by default (more rows than two a warp), 1 for
+// every block, 0 for none.
+static int exact_scatter_rows() {
+    static const int rows = std::max(0, frt_env_int("GGML_FLASHRT_EXACT_SCATTER_ROWS", 33));
+    return rows;
 }
 
 // A launch of an input norm and F32 rows only (the ROUTER window's: the router and the shared
@@ -206,7 +207,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.x_q8         = (const uint8_t *) a.x_q8;
     p.n_segments   = a.n_segments;
     p.evict_first         = exact_evict_first() ? 1 : 0;
-    p.scatter_sums        = exact_scatter_sums() ? 1 : 0;
+    p.scatter_rows        = exact_scatter_rows();
     {
         exact_trace_ring &          r = trace_ring();
         std::lock_guard<std::mutex> lock(r.mutex);
