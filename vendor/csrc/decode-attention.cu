@@ -321,28 +321,6 @@ static size_t split_smem_bytes(int d, int cells) {
            padded * FRT_ATTN_DECODE_MAX_TOKENS * sizeof(float);
 }
 
-// One round of the reduce-scatter below: a lane holding 2N values keeps N, the upper half where
-// lane bit N is set, adding its partner's copy of them.
-template <int N> static __device__ __forceinline__ void split_reduce_round(float (&v)[32], int lane) {
-    const bool upper = (lane & N) != 0;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        const float send = upper ? v[i] : v[i + N];
-        const float keep = upper ? v[i + N] : v[i];
-        v[i]             = keep + __shfl_xor_sync(0xffffffffu, send, N);
-    }
-}
-
-// 32 values a lane; returns to lane l the warp's sum of value l.
-static __device__ __forceinline__ float split_reduce_scatter(float (&v)[32], int lane) {
-    split_reduce_round<16>(v, lane);
-    split_reduce_round<8>(v, lane);
-    split_reduce_round<4>(v, lane);
-    split_reduce_round<2>(v, lane);
-    split_reduce_round<1>(v, lane);
-    return v[0];
-}
-
 template <int N> static __device__ __forceinline__ void split_wait_groups() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
@@ -461,7 +439,7 @@ static __global__ void __launch_bounds__(split_threads) frt_attn_split_kernel(co
                         acc[j * split_rows + r] = dot;
                     }
                 }
-                const float dot = split_reduce_scatter(acc, lane);
+                const float dot = frt_warp_sum_rows<32>(acc);  // lane l: the warp's sum of acc[l]
                 const int   c = b * split_batch + lane / split_rows, r = lane % split_rows, p = p0 + r;
                 // A hidden cell's score is -inf whatever its row holds (its dot may be NaN).
                 const float mk = p < pairs ? mask_s[(p / gqa) * padded + c] : -INFINITY;

@@ -36,8 +36,8 @@ template <int N, int M, int R> static __device__ __forceinline__ void frt_warp_s
         const bool upper = (lane & (unsigned) M) != 0;
 #pragma unroll
         for (int i = 0; i < N / 2; ++i) {
-            const float keep = upper ? v[N / 2 + i] : v[i];
             const float send = upper ? v[i] : v[N / 2 + i];
+            const float keep = upper ? v[N / 2 + i] : v[i];
             v[i]             = keep + __shfl_xor_sync(0xffffffffu, send, M);
         }
         frt_warp_scatter_step<N / 2, M / 2>(v, lane);
