@@ -850,7 +850,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int n_items = p.k / item::qk * item::per_block;
     const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // threads a row
     const int together = kExactThreads / per_row;                        // rows side by side
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int tid = threadIdx.x, lane = tid % 32;
     const int sub = tid / per_row, ts = tid % per_row;                   // ts: stock's thread
     const int passes = (n_items + kStockThreads - 1) / kStockThreads;
     uint8_t * stage  = smem + p.smem_stage;
