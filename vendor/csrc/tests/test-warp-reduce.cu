@@ -1,6 +1,7 @@
 // Unit test of frt_warp_sum_rows (vendor/csrc/warp-reduce.cuh): for R = 1..32 rows a warp, every
-// row's sum the same bits as the xor butterfly's (a host emulation of its tree, and frt_warp_sum on
-// the device), on fresh random rows whose values span 40 binary orders of magnitude (so that
+// row's sum the same bits as the xor butterfly's (test-gemv's host emulation of its tree,
+// gemv_ref::butterfly32, and frt_warp_sum on the device), on fresh random rows whose values span
+// 40 binary orders of magnitude (so that
 // another order of the additions gives other bits: the test counts the rows where a left-to-right
 // sum differs, and a fixed row where it must), plus rows of -0, infinities and NaN; every output
 // written (poisoned first). The seed is printed; `test-warp-reduce SEED` reruns it. Needs a GPU:
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "tests/test-device.cuh"
+#include "tests/test-gemv-reference.cuh"
 
 namespace {
 
@@ -43,17 +45,12 @@ template <int R> __global__ void sum_rows_kernel(const float * in, float * scatt
     }
 }
 
-// The butterfly's tree on the host: at offset m, lane l adds lane l ^ m's value to its own.
+// The butterfly's tree on the host (gemv_ref::butterfly32 adds in place; every lane ends with it).
 float butterfly_host(const float * row) {
-    float cur[32], next[32];
-    std::memcpy(cur, row, sizeof(cur));
-    for (int m = 16; m > 0; m /= 2) {
-        for (int l = 0; l < 32; ++l) {
-            next[l] = cur[l] + cur[l ^ m];
-        }
-        std::memcpy(cur, next, sizeof(cur));
-    }
-    return cur[0];
+    float lanes[32];
+    std::memcpy(lanes, row, sizeof(lanes));
+    gemv_ref::butterfly32(lanes);
+    return lanes[0];
 }
 
 bool same_bits(float a, float b) {
