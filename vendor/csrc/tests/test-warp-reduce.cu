@@ -1,10 +1,9 @@
 // Unit test of frt_warp_sum_rows (vendor/csrc/warp-reduce.cuh): for R = 1..32 rows a warp, every
 // row's sum the same bits as the xor butterfly's (test-gemv's host emulation of its tree,
 // gemv_ref::butterfly32, and frt_warp_sum on the device), on fresh random rows whose values span
-// 40 binary orders of magnitude (so that
-// another order of the additions gives other bits: the test counts the rows where a left-to-right
-// sum differs, and a fixed row where it must), plus rows of -0, infinities and NaN; every output
-// written (poisoned first). The seed is printed; `test-warp-reduce SEED` reruns it. Needs a GPU:
+// 40 binary orders of magnitude (so that another order of the additions gives other bits: the test
+// counts the rows where a left-to-right sum differs, and a fixed row where it must), plus rows of
+// -0, infinities and NaN; every output written (poisoned first). The seed is printed; `test-warp-reduce SEED` reruns it. Needs a GPU:
 //   nvcc -std=c++17 -arch=sm_90a -I vendor/csrc vendor/csrc/tests/test-warp-reduce.cu -o test-warp-reduce \
 //        && ./test-warp-reduce
 
