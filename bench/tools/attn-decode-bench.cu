@@ -266,10 +266,9 @@ int main(int argc, char ** argv) {
                 char name[128];
                 std::snprintf(name, sizeof(name), "n_kv=%d vis=%d %s %s", s.n_kv, s.visible, cold ? "cold" : "hot",
                               chunks <= 1 ? "cluster" : "split");
-                const int pairs = heads / heads_kv;  // one token
-                phase_rows.push_back(chunks <= 1 ?
-                                         phase_row(name, FRT_ATTN_DECODE_SPLIT * heads_kv, FRT_ATTN_DECODE_SPLIT * heads_kv) :
-                                         phase_row(name, chunks * heads_kv, d / 32 * pairs * heads_kv));
+                int early = 0, late = 0;
+                frt_attn_decode_trace_blocks(shape_args, &early, &late);
+                phase_rows.push_back(phase_row(name, early, late));
             }
 #endif
         }

@@ -767,6 +767,11 @@ int frt_attn_decode_resident_blocks(const frt_attn_decode_args & a) {
     }
 }
 
+// The split kernels' combine: 32 dims a block, a block row a query row of every key/value head.
+static dim3 decode_combine_grid(const frt_attn_decode_args & a) {
+    return dim3(a.d / 32, a.n_q * (a.heads / a.heads_kv) * a.heads_kv);
+}
+
 template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a, const decode_plan & plan,
                                                   cudaStream_t stream) {
     const int   pairs = a.n_q * (a.heads / a.heads_kv);
@@ -781,8 +786,8 @@ template <int D> static cudaError_t decode_launch(const frt_attn_decode_args & a
     err = frt_launch(frt_attn_split_kernel<D>, dim3(plan.chunks, a.heads_kv), dim3(split_threads),
                      split_smem_bytes(D, plan.cells), stream, a, plan.cells);
     if (err == cudaSuccess) {
-        err = frt_launch(frt_attn_split_combine_kernel<D>, dim3(D / 32, pairs * a.heads_kv), dim3(split_threads), 0,
-                         stream, a, plan.chunks);
+        err = frt_launch(frt_attn_split_combine_kernel<D>, decode_combine_grid(a), dim3(split_threads), 0, stream, a,
+                         plan.chunks);
     }
     return err;
 }
@@ -798,3 +803,16 @@ cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream)
         default:  return decode_launch<256>(a, plan, stream);
     }
 }
+
+#ifdef FRT_ATTN_DECODE_TRACE
+void frt_attn_decode_trace_blocks(const frt_attn_decode_args & a, int * early, int * late) {
+    const int chunks = frt_attn_decode_chunks(a);
+    if (chunks <= 1) {
+        *early = *late = decode_split * a.heads_kv;
+    } else {
+        const dim3 combine = decode_combine_grid(a);
+        *early             = chunks * a.heads_kv;
+        *late              = (int) (combine.x * combine.y);
+    }
+}
+#endif

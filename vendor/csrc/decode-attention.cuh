@@ -118,4 +118,7 @@ cudaError_t frt_attn_decode(const frt_attn_decode_args & a, cudaStream_t stream)
 constexpr int FRT_ATTN_DECODE_TRACE_BLOCKS = 512;
 constexpr int FRT_ATTN_DECODE_TRACE_PHASES = 10;
 cudaError_t frt_attn_decode_trace(unsigned long long * marks);  // BLOCKS x PHASES
+// The blocks of a launch of this shape that mark phases 0-7 (*early) and 8-9 (*late): the
+// cluster's blocks both, or the split kernel's blocks and its combine's.
+void frt_attn_decode_trace_blocks(const frt_attn_decode_args & a, int * early, int * late);
 #endif
