@@ -261,12 +261,27 @@ int main(int argc, char ** argv) {
     CHECK(cudaMalloc(&sink, blocks * sizeof(float)));
     CHECK(cudaMemset(counter, 0, sizeof(unsigned)));
     CHECK(cudaMemset(epoch, 0, sizeof(unsigned)));
+    // The one-kernel modes: each a barrier_kernel instance, its shared memory (two buffers with
+    // the next slice prefetched), and whether its flags and counter must be zeroed before it
+    // (barrier's counter is left at zero by its last block).
+    struct one_kernel_mode {
+        const char * name;
+        void (*kernel)(const bench_args);
+        size_t smem;
+        bool   zeroed;
+    };
+    const one_kernel_mode one_kernel_modes[] = {
+        { "barrier", barrier_kernel<false, kEpoch>, kMaxStage, false },
+        { "prefetch", barrier_kernel<true, kEpoch>, 2 * kMaxStage, false },
+        { "flags", barrier_kernel<false, kFlags>, kMaxStage, true },
+        { "red", barrier_kernel<false, kRed>, kMaxStage, true },
+        { "flags+pf", barrier_kernel<true, kFlags>, 2 * kMaxStage, true },
+    };
+    constexpr int n_modes = 1 + sizeof(one_kernel_modes) / sizeof(one_kernel_modes[0]);  // launches first
     CHECK(cudaFuncSetAttribute(launch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStage));
-    CHECK(cudaFuncSetAttribute(barrier_kernel<false, kEpoch>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStage));
-    CHECK(cudaFuncSetAttribute(barrier_kernel<true, kEpoch>, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kMaxStage));
-    CHECK(cudaFuncSetAttribute(barrier_kernel<false, kFlags>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStage));
-    CHECK(cudaFuncSetAttribute(barrier_kernel<false, kRed>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStage));
-    CHECK(cudaFuncSetAttribute(barrier_kernel<true, kFlags>, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kMaxStage));
+    for (const one_kernel_mode & m : one_kernel_modes) {
+        CHECK(cudaFuncSetAttribute(m.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) m.smem));
+    }
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -275,33 +290,24 @@ int main(int argc, char ** argv) {
     std::printf("%s, %d SMs: %d blocks of %d threads, %d phases, median of %d graph replays\n\n", prop.name, sms,
                 blocks, kThreads, phases, replays);
     std::printf("| mode | bytes a block a phase | MB a phase | µs a phase | phases seen early |\n|---|---:|---:|---:|---:|\n");
-    const char * modes[] = { "launches", "barrier", "prefetch", "flags", "red", "flags+pf" };
-    constexpr int n_modes = sizeof(modes) / sizeof(modes[0]);
     int failed = 0;
     for (int bytes : byte_list) {
         for (int mode = 0; mode < n_modes; ++mode) {
             const bench_args a = { src, bytes, phases, counter, flags, epoch, seen, errors, sink };
             const auto       record = [&](cudaStream_t s) {
                 CHECK(cudaMemsetAsync(seen, 0, phases * sizeof(unsigned), s));
-                if (mode >= 3) {  // barrier's counter is left at zero by its last block
-                    CHECK(cudaMemsetAsync(flags, 0, blocks * sizeof(unsigned), s));
-                    CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), s));
-                }
                 if (mode == 0) {
                     for (int p = 0; p < phases; ++p) {
                         launch(launch_kernel, blocks, (size_t) kMaxStage, s, false, a, p);
                     }
-                } else if (mode == 1) {
-                    launch(barrier_kernel<false, kEpoch>, blocks, (size_t) kMaxStage, s, true, a);
-                } else if (mode == 2) {
-                    launch(barrier_kernel<true, kEpoch>, blocks, (size_t) 2 * kMaxStage, s, true, a);
-                } else if (mode == 3) {
-                    launch(barrier_kernel<false, kFlags>, blocks, (size_t) kMaxStage, s, true, a);
-                } else if (mode == 4) {
-                    launch(barrier_kernel<false, kRed>, blocks, (size_t) kMaxStage, s, true, a);
-                } else {
-                    launch(barrier_kernel<true, kFlags>, blocks, (size_t) 2 * kMaxStage, s, true, a);
+                    return;
                 }
+                const one_kernel_mode & m = one_kernel_modes[mode - 1];
+                if (m.zeroed) {
+                    CHECK(cudaMemsetAsync(flags, 0, blocks * sizeof(unsigned), s));
+                    CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), s));
+                }
+                launch(m.kernel, blocks, m.smem, s, true, a);
             };
             cudaGraph_t graph;
             CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -329,7 +335,8 @@ int main(int argc, char ** argv) {
             unsigned early = 0;
             CHECK(cudaMemcpy(&early, errors, sizeof(unsigned), cudaMemcpyDeviceToHost));
             failed += early != 0;
-            std::printf("| %s | %d | %.2f | %.2f | %u |\n", modes[mode], bytes, (double) bytes * blocks / 1e6,
+            const char * name = mode == 0 ? "launches" : one_kernel_modes[mode - 1].name;
+            std::printf("| %s | %d | %.2f | %.2f | %u |\n", name, bytes, (double) bytes * blocks / 1e6,
                         1000.0 * ms[ms.size() / 2] / phases, early);
             CHECK(cudaGraphExecDestroy(exec));
             CHECK(cudaGraphDestroy(graph));
