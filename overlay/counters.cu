@@ -1,5 +1,6 @@
 #include "counters.cuh"
 
+#include "gemv.cuh"
 #include "moe-ffn-tail.cuh"
 #include "q8-x.cuh"
 
@@ -7,9 +8,10 @@
 #include <mutex>
 
 // Slices, in the order of flashrt_counter_use (each a multiple of 4: every slice 16-byte aligned).
-static constexpr int counters_size[] = { 256, 2048, frt_x_q8_bytes(FRT_X_Q8_MAX_K) / 4, FRT_MOE_TAIL_NORM_SCRATCH };
+static constexpr int counters_size[] = { 256, 2048, frt_x_q8_bytes(FRT_X_Q8_MAX_K) / 4, FRT_MOE_TAIL_NORM_SCRATCH,
+                                         FRT_GEMV_CHUNK_COUNTER_WORDS };
 static constexpr int counters_uses   = (int) (sizeof(counters_size) / sizeof(counters_size[0]));
-static_assert(FRT_MOE_TAIL_NORM_SCRATCH % 4 == 0, "every slice 16-byte aligned");
+static_assert(FRT_MOE_TAIL_NORM_SCRATCH % 4 == 0 && FRT_GEMV_CHUNK_COUNTER_WORDS % 4 == 0, "every slice 16-byte aligned");
 
 int flashrt_counters_size(flashrt_counter_use use) {
     return counters_size[(int) use];

@@ -14,6 +14,7 @@ enum class flashrt_counter_use {
     moe_tail,     // one per 4 rows of an FFN's output (n_embd up to 8192)
     handoff,      // not counters: one vector's x_q8 image (up to FRT_X_Q8_MAX_K values), 16-byte aligned
     tail_norm,    // MOE_TAIL's norm handoff: 32 warp sums, each tagged with an epoch that only grows
+    exact_chunks, // the exact GEMV launches' chunk counters (frt_gemv_args::chunk_counters)
 };
 
 // Counters of `use` in the slice (how many the kernel may touch).

@@ -895,6 +895,9 @@ void flashrt_gemv_run_pack(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
             tail_apart = true;
         }
     }
+    if (kernel == FRT_GEMV_KERNEL_EXACT) {  // none without a direct evaluation's prepare: a block a chunk
+        a.chunk_counters = flashrt_counters_of(ctx, flashrt_counter_use::exact_chunks);
+    }
     if (kernel == FRT_GEMV_KERNEL_EXACT && router_handoff_enabled() && a.x_normed != nullptr) {
         a.x_normed_q8 = flashrt_gemv_handoff_slot(ctx, a.k);
         if (a.x_normed_q8 != nullptr && frt_gemv_unsupported(a, FRT_GEMV_KERNEL_EXACT) != nullptr) {
@@ -925,10 +928,13 @@ void flashrt_gemv_prepare_pack(ggml_backend_cuda_context & ctx, const ggml_cgrap
                                const flashrt_gemv_pack & pack) {
     frt_gemv_args a;
     fill_args(cgraph, pack, a);
-    if (pack.tail >= 0 || (router_handoff_enabled() && a.x_normed != nullptr)) {
-        flashrt_counters_prepare(ctx);  // without them the tail runs in its own kernel, the router hands nothing off
+    const bool exact = a.n_segments > 0 && pack_kernel(cgraph, pack, a) == FRT_GEMV_KERNEL_EXACT;
+    if (exact || pack.tail >= 0 || (router_handoff_enabled() && a.x_normed != nullptr)) {
+        // Without them the tail runs in its own kernel, the router hands nothing off, the exact
+        // launches' blocks take a chunk each.
+        flashrt_counters_prepare(ctx);
     }
-    if (a.n_segments > 0 && pack_kernel(cgraph, pack, a) == FRT_GEMV_KERNEL_EXACT) {
+    if (exact) {
         return;  // it reads the GGUF layouts
     }
     for (int p = 0; p < pack.n; ++p) {

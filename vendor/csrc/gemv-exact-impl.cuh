@@ -96,6 +96,13 @@ struct exact_params {
     frt_gemv_moe_tail tail;
     int               tail_n_used, tail_rows;
     int           evict_first;  // the staged rows' copies marked evict-first in L2 (exact_stager)
+    // Chunks: the launch's rows as n_chunks ids (exact_chunk_of), block b taking id b. With
+    // chunk_counter (this launch's words of frt_gemv_args::chunk_counters), a block then takes
+    // more chunks of its first chunk's type (the same kernel code) from that type's counter, each
+    // staged into the other of two buffers (stage_buffer bytes apart) while it multiplies the one
+    // before. Without it n_chunks is the grid.
+    unsigned *    chunk_counter;
+    int           n_chunks, stage_buffer;
     int           scatter_rows;  // blocks of at least this many rows add them by reduce-scatter (0: none)
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
@@ -199,6 +206,72 @@ static __device__ __forceinline__ int exact_xq(const int8_t * xq, int b, int i) 
 
 static __device__ __forceinline__ float exact_xd(const uint2 * xm, int b) {
     return __uint_as_float(xm[b].x);
+}
+
+// The block's routed experts in selection order (exact_route), kept for every chunk it takes.
+static __device__ __forceinline__ int * exact_routed() {
+    __shared__ int routed[32];
+    return routed;
+}
+
+// The chunk the block takes after the current one (n_chunks or more: none): written by thread 0,
+// read by every thread after a barrier. In shared memory: a register held across the products
+// is one the products' loop has not.
+static __device__ __forceinline__ int & exact_claimed() {
+    __shared__ int claimed;
+    return claimed;
+}
+
+// The chunk in each of the two stage buffers: written by thread 0 once the copies into the buffer
+// are issued, read by every thread after the barrier that follows. Each chunk's rows, matrix and
+// validity are found again from it where they are used: held in registers across the products,
+// they made ptxas spill there.
+static __device__ __forceinline__ int * exact_staged() {
+    __shared__ int staged[2];
+    return staged;
+}
+
+// A launch's words of chunk counters: one claim counter for each quantized type (a block takes
+// chunks of its first chunk's type, which its instance of the kernel multiplies), then the count
+// of blocks done.
+constexpr int kExactChunkTypes = 3;
+static_assert(FRT_GEMV_CHUNK_COUNTER_WORDS == FRT_GEMV_CHUNK_SLOTS * (kExactChunkTypes + 1), "a launch's words");
+
+static __device__ __forceinline__ int exact_chunk_type(int type) {
+    return type == FRT_GEMV_Q4_K ? 0 : type == FRT_GEMV_Q6_K ? 1 : 2;
+}
+
+// Thread 0: the next chunk of `type` past the grid's (every segment of the type, in order), from
+// the type's counter; n_chunks when none is left.
+static __device__ int exact_claim(const exact_params & p, int type) {
+    int left = (int) atomicAdd(p.chunk_counter + exact_chunk_type(type), 1u);
+    for (int i = 0; i < p.n_segments; ++i) {
+        const exact_seg & s    = p.seg[i];
+        const int         from = max(s.block_begin, (int) gridDim.x);
+        const int         to   = i + 1 < p.n_segments ? p.seg[i + 1].block_begin : p.n_chunks;
+        if (s.type != type || from >= to) {
+            continue;
+        }
+        if (left < to - from) {
+            return from + left;
+        }
+        left -= to - from;
+    }
+    return p.n_chunks;
+}
+
+// Thread 0, once the block has taken its last chunk: the last block to get here sets the launch's
+// counters back to zero for a later launch (every block's claims are made by then).
+static __device__ __forceinline__ void exact_chunks_done(const exact_params & p) {
+    if (p.chunk_counter == nullptr || threadIdx.x != 0) {
+        return;
+    }
+    __threadfence();
+    if (atomicAdd(p.chunk_counter + kExactChunkTypes, 1u) == gridDim.x - 1) {
+        for (int i = 0; i <= kExactChunkTypes; ++i) {
+            atomicExch(p.chunk_counter + i, 0u);
+        }
+    }
 }
 
 // A probability's place in the argmax's order as an unsigned key (any float but NaN; -0 counts as
@@ -629,17 +702,17 @@ static __device__ __forceinline__ void exact_prefetch_later(const exact_params &
     }
 }
 
-// The block's share of the selected experts' prefetch (frt_gemv_prefetch::experts), for the blocks
-// of an expert segment, which know the selection (`routed`): the n_used experts' expert_bytes end to
-// end, split over the segment's blocks.
-static __device__ __forceinline__ void exact_prefetch_experts(const exact_params & p, const exact_seg & s,
+// Chunk `local`'s share of the selected experts' prefetch (frt_gemv_prefetch::experts), for the
+// chunks of an expert segment, whose blocks know the selection (`routed`): the n_used experts'
+// expert_bytes end to end, split over the segment's chunks.
+static __device__ __forceinline__ void exact_prefetch_experts(const exact_params & p, const exact_seg & s, int local,
                                                               const int * routed) {
     if (p.prefetch.experts == nullptr || threadIdx.x != 0) {
         return;
     }
     const int64_t each = p.prefetch.expert_bytes;
     int64_t       from, to;
-    exact_share((int64_t) p.route_n_used * each, p.route_n_used * s.chunks, blockIdx.x - s.block_begin, from, to);
+    exact_share((int64_t) p.route_n_used * each, p.route_n_used * s.chunks, local, from, to);
     for (int64_t at = from; at < to;) {  // at: in expert slot at / each
         const int64_t in = at % each, bytes = min(to - at, each - in);
         const int     e  = routed[at / each];
@@ -728,7 +801,8 @@ static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slo
 // latency overlaps that kernel's tail; expert rows after it, once their matrix is known
 // (exact_matrix, which moves `off` to it). Returns whether the slot has a matrix. A launch that
 // routes selects the experts here, in the blocks of expert segments and in block 0 (which writes
-// the selection out).
+// the selection out); with chunks from a counter, in every block (a later chunk may be an
+// expert's).
 //
 // A launch that guesses (guess_logits) stages its expert rows before the wait too: the experts
 // are selected from the router's logits, written two or more kernels back. The ids the graph holds
@@ -737,9 +811,9 @@ static __device__ __forceinline__ bool exact_matrix(const exact_seg & s, int slo
 // GUESS: the instance has the guessing path (not the SwiGLU gate/up's, which routes in its launch
 // and spills with it).
 template <bool STAGED, bool GUESS, bool TRACE, typename STAGER, typename COPY>
-static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params & p, const exact_seg & s, int slot,
-                                                            int64_t & off, STAGER & stager, COPY copy) {
-    __shared__ int routed[32];
+static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params & p, const exact_seg & s, int local,
+                                                            int slot, int64_t & off, STAGER & stager, COPY copy) {
+    int * routed = exact_routed();
     if (STAGED && s.ids == nullptr) {
         copy();
     } else if (STAGED && GUESS && p.guess_logits != nullptr) {
@@ -762,7 +836,8 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
     }
     frt_pdl_wait();
     exact_trace_mark<TRACE>(kMarkWaited);
-    const bool     route = p.route_logits != nullptr && (s.ids != nullptr || blockIdx.x == 0);
+    const bool route =
+        p.route_logits != nullptr && (s.ids != nullptr || blockIdx.x == 0 || p.chunk_counter != nullptr);
     if (route) {
         exact_route(p, p.route_logits, blockIdx.x == 0, routed);
     }
@@ -771,7 +846,7 @@ static __device__ __forceinline__ bool exact_wait_and_stage(const exact_params &
         copy();
     }
     if (route && s.ids != nullptr) {  // behind this block's own copies
-        exact_prefetch_experts(p, s, routed);
+        exact_prefetch_experts(p, s, local, routed);
     }
     return valid;
 }
@@ -839,140 +914,6 @@ static __device__ __noinline__ void exact_sum_rows(const exact_params & p, const
     }
 }
 
-// The block's rows [row0, row0 + n) of a quantized matrix (slot `slot`). STAGED: the rows are
-// contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
-// that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
-// read from global memory where it is used. IMAGE: x is the launch's x_q8 (exact_prologue).
-template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool IMAGE>
-static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
-                                  uint8_t * smem) {
-    using item        = exact_item<TYPE>;
-    const int n_items = p.k / item::qk * item::per_block;
-    const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // threads a row
-    const int together = kExactThreads / per_row;                        // rows side by side
-    const int tid = threadIdx.x, lane = tid % 32;
-    const int sub = tid / per_row, ts = tid % per_row;                   // ts: stock's thread
-    const int passes = (n_items + kStockThreads - 1) / kStockThreads;
-    uint8_t * stage  = smem + p.smem_stage;
-
-    // With FRT_GEMV_SWIGLU the gate matrix's same rows too, staged after them; their sums go to
-    // the partial sums' second half.
-    constexpr bool glu  = GLU;  // the launch's segments all have FRT_GEMV_SWIGLU
-    const int64_t bytes = (int64_t) n * s.row_stride;
-    int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
-    exact_trace_start<TRACE>();
-    exact_stager stager(p.evict_first != 0);
-    const bool    valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, slot, off, stager, [&]() {
-        stager.copy(stage, s.w + off, bytes, s.stage_unit);
-        if constexpr (glu) {
-            stager.copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
-        }
-    });
-    exact_trace_mark<TRACE>(kMarkIssued);
-    exact_prefetch_later(p);
-    const int at = exact_prologue<TRACE, !GLU, IMAGE>(p, vec, smem, s.x);
-    exact_trace_mark<TRACE>(kMarkPrologue);
-    const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
-    const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
-    float *        part = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
-    const uint8_t * rows  = STAGED ? stage : s.w + off;
-    const uint8_t * grows = STAGED ? stage + bytes : glu ? s.w_gate + off : nullptr;
-    const int       gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
-
-    {
-        // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
-        // Q6_K/Q8_0); later passes read them again a row.
-        const bool               has0 = valid && ts < n_items, has1 = valid && ts + kStockThreads < n_items;
-        const int                iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
-        typename item::x_t       x0, x1;
-        if (has0) {
-            x0 = item::load_x(xq, xm, ts / item::per_block, iqs);
-        }
-        if (has1) {
-            x1 = item::load_x(xq, xm, (ts + kStockThreads) / item::per_block, iqs);
-        }
-        // One row's sum as stock's thread ts adds it: items ts, ts + 128, ... in order.
-        const auto row_sum = [&](const uint8_t * row) {
-            float acc = 0.0f;
-            if (has0) {
-                acc += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
-            }
-            if (has1) {
-                acc += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
-            }
-            for (int m = 2; m < passes; ++m) {
-                const int it = ts + kStockThreads * m;
-                if (it >= n_items) {
-                    break;
-                }
-                const int kbx = it / item::per_block;
-                acc += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
-            }
-            return acc;
-        };
-        if (STAGED) {
-            stager.wait_all();
-            __syncthreads();
-        }
-        exact_trace_mark<TRACE>(kMarkLanded);
-        if (valid) {
-            if constexpr (!glu) {
-#pragma unroll 4
-                for (int j = sub; j < n; j += together) {
-                    part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * s.row_stride);
-                }
-            } else {
-                for (int j = sub; j < n; j += together) {
-                    part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * s.row_stride);
-                    part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * s.row_stride);
-                }
-            }
-        }
-    }
-    __syncthreads();
-    exact_trace_mark<TRACE>(kMarkProducts);
-    exact_sum_rows<glu>(p, s, slot, row0, n, valid, per_row, part, gpart);
-    exact_trace_end<TRACE>(p, s, glu);
-}
-
-// The block's rows [row0, row0 + n) of an F32 matrix: one warp a row. STAGED as for the quantized
-// rows: a warp's row in global memory takes one load latency per pass of mmvf's loop (4 at k =
-// 2048), which set the router pack's time; copied before the wait, the latency overlaps the
-// previous kernel and the prologue.
-template <bool STAGED, bool TRACE>
-static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int slot, int row0, int n, int vec,
-                                      uint8_t * smem) {
-    uint8_t *     stage = smem + p.smem_stage;
-    int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
-    const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
-    exact_trace_start<TRACE>();
-    exact_stager stager(p.evict_first != 0);
-    const bool    valid = exact_wait_and_stage<STAGED, false, TRACE>(p, s, slot, off, stager, [&]() {
-        stager.copy(stage, s.w + off, bytes, s.stage_unit);
-    });
-    exact_trace_mark<TRACE>(kMarkIssued);
-    exact_prefetch_later(p);
-    const int at = exact_prologue<TRACE, false>(p, vec, smem, s.x);
-    exact_trace_mark<TRACE>(kMarkPrologue);
-    const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
-    const int     lane = threadIdx.x % 32;
-    if (STAGED) {
-        stager.wait_all();
-        __syncthreads();
-    }
-    exact_trace_mark<TRACE>(kMarkLanded);
-    const uint8_t * rows = STAGED ? stage : s.w + off;
-    for (int j = threadIdx.x / 32; j < n; j += kExactThreads / 32) {
-        const float v = valid ? exact_row_f32((const float *) (rows + (int64_t) j * s.row_stride), p.k, xf, p.f32_block, lane)
-                              : __int_as_float(0x7fffffff);
-        if (lane == 0) {
-            exact_store(s, slot, row0 + j, v);
-        }
-    }
-    exact_trace_mark<TRACE>(kMarkProducts);  // products and stores go row by row here
-    exact_trace_end<TRACE>(p, s, false);
-}
-
 // One row of the MoE tail (frt_gemv_args::tail), from other blocks' rows: through L2 (ld.cg), not
 // this SM's L1.
 static __device__ __forceinline__ void exact_tail_row(const exact_params & p, int r) {
@@ -1016,6 +957,233 @@ static __device__ void exact_tail(const exact_params & p, int row0, int n) {
     }
 }
 
+// Chunk `id`: rows [row0, row0 + n) of segment si's matrix in slot `slot`; local: its index among
+// the segment's chunks (slot-major).
+struct exact_chunk {
+    int si, local, slot, row0, n;
+};
+
+static __device__ __forceinline__ exact_chunk exact_chunk_of(const exact_params & p, int id) {
+    int si = 0;
+    while (si + 1 < p.n_segments && id >= p.seg[si + 1].block_begin) {
+        ++si;
+    }
+    const exact_seg & s = p.seg[si];
+    exact_chunk       c;
+    c.si    = si;
+    c.local = id - s.block_begin;
+    c.slot  = c.local / s.chunks;
+    c.row0  = c.local % s.chunks * s.chunk_rows;
+    c.n     = min(s.chunk_rows, s.rows - c.row0);
+    return c;
+}
+
+// The chunk's rows as the products and the stores use them: its matrix (after the wait; false for
+// an expert id out of range) and where its rows start in s.w (or in the stage buffer).
+struct exact_chunk_rows {
+    exact_chunk       c;
+    const exact_seg * s;
+    int64_t           off;
+    bool              valid;
+};
+
+static __device__ __forceinline__ exact_chunk_rows exact_rows_of(const exact_params & p, int id) {
+    exact_chunk_rows r;
+    r.c     = exact_chunk_of(p, id);
+    r.s     = &p.seg[r.c.si];
+    r.off   = (int64_t) r.c.row0 * r.s->row_stride;
+    r.valid = exact_matrix(*r.s, r.c.slot, r.off, p.route_logits != nullptr ? exact_routed() : nullptr);
+    return r;
+}
+
+// Issues the cp.async copies of chunk `id`'s rows (and its gate rows) into `stage`, after the
+// wait: an expert's matrix is known then (from the launch's routing, else from the ids). Nothing
+// for a slot without a matrix (exact_rows finds it again and stores NaN).
+static __device__ __forceinline__ void exact_stage_chunk(const exact_params & p, int id, uint8_t * stage,
+                                                         exact_stager & stager) {
+    const exact_chunk_rows r = exact_rows_of(p, id);
+    if (!r.valid) {
+        return;
+    }
+    const int64_t bytes = (int64_t) r.c.n * r.s->row_stride;
+    stager.copy(stage, r.s->w + r.off, bytes, r.s->stage_unit);
+    if (r.s->epilogue == FRT_GEMV_SWIGLU) {
+        stager.copy(stage + bytes, r.s->w_gate + r.off, bytes, r.s->stage_unit);
+    }
+    if (r.s->ids != nullptr && p.route_logits != nullptr) {  // behind the block's own copies
+        exact_prefetch_experts(p, *r.s, r.c.local, exact_routed());
+    }
+}
+
+// The block's chunk c of a quantized matrix (rows [row0, row0 + n) of segment si's matrix in slot
+// `slot`), then any more chunks of the type that it takes from the launch's counter. STAGED: the
+// rows are contiguous bytes that the block copies into shared memory in one go, the first chunk's
+// in exact_wait_and_stage, so that their latency overlaps the previous kernel's tail and the
+// prologue, each later chunk's into the other of two buffers while the block multiplies the chunk
+// before; otherwise each item is read from global memory where it is used. x is put in shared
+// memory once, and its words for a thread's items read once, for every chunk. IMAGE: x is the
+// launch's x_q8 (exact_prologue). TAIL: each chunk's rows count towards the launch's MoE tail.
+template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool IMAGE, bool TAIL>
+static __device__ void exact_rows(const exact_params & p, exact_chunk c, int vec, uint8_t * smem) {
+    using item        = exact_item<TYPE>;
+    const int n_items = p.k / item::qk * item::per_block;
+    const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // threads a row
+    const int together = kExactThreads / per_row;                        // rows side by side
+    const int tid = threadIdx.x, lane = tid % 32;
+    const int sub = tid / per_row, ts = tid % per_row;                   // ts: stock's thread
+    const int passes = (n_items + kStockThreads - 1) / kStockThreads;
+    uint8_t * stage  = smem + p.smem_stage;
+
+    // With FRT_GEMV_SWIGLU the gate matrix's same rows too, staged after them; their sums go to
+    // the partial sums' second half.
+    constexpr bool glu = GLU;  // the launch's segments all have FRT_GEMV_SWIGLU
+    exact_trace_start<TRACE>();
+    exact_stager stager(p.evict_first != 0);
+    {
+        const exact_seg & s     = p.seg[c.si];
+        const int64_t     bytes = (int64_t) c.n * s.row_stride;
+        int64_t           off   = (int64_t) c.row0 * s.row_stride;  // of the chunk's first row in s.w (and s.w_gate)
+        exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, c.local, c.slot, off, stager, [&]() {
+            stager.copy(stage, s.w + off, bytes, s.stage_unit);
+            if constexpr (glu) {
+                stager.copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
+            }
+        });
+    }
+    exact_trace_mark<TRACE>(kMarkIssued);
+    exact_prefetch_later(p);
+    // A barrier: the chunk claimed and the one staged are seen.
+    const int at = exact_prologue<TRACE, !GLU, IMAGE>(p, vec, smem, p.seg[c.si].x);
+    exact_trace_mark<TRACE>(kMarkPrologue);
+    const int8_t * xq    = (const int8_t *) smem + (int64_t) at * p.k;
+    const uint2 *  xm    = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
+    float *        part  = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
+    const int      gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
+
+    // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
+    // Q6_K/Q8_0); later passes read them again a row.
+    const bool         has0 = ts < n_items, has1 = ts + kStockThreads < n_items;
+    const int          iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
+    typename item::x_t x0, x1;
+    if (has0) {
+        x0 = item::load_x(xq, xm, ts / item::per_block, iqs);
+    }
+    if (has1) {
+        x1 = item::load_x(xq, xm, (ts + kStockThreads) / item::per_block, iqs);
+    }
+    // One row's sum as stock's thread ts adds it: items ts, ts + 128, ... in order.
+    const auto row_sum = [&](const uint8_t * row) {
+        float acc = 0.0f;
+        if (has0) {
+            acc += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
+        }
+        if (has1) {
+            acc += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
+        }
+        for (int m = 2; m < passes; ++m) {
+            const int it = ts + kStockThreads * m;
+            if (it >= n_items) {
+                break;
+            }
+            const int kbx = it / item::per_block;
+            acc += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
+        }
+        return acc;
+    };
+    for (int buffer = 0;; buffer ^= 1) {
+        const bool more = STAGED && exact_claimed() < p.n_chunks;  // read by every thread before the barrier
+        if (STAGED) {
+            if (more) {
+                // This chunk's copies as one group, the next chunk's (into the other buffer, whose
+                // chunk the barrier after the last products freed) as another: wait for the first.
+                gemv_cp_async_commit();
+                exact_stage_chunk(p, exact_claimed(), smem + p.smem_stage + (buffer ^ 1) * p.stage_buffer, stager);
+                gemv_cp_async_commit();
+                gemv_cp_async_wait_group<1>();
+            } else {
+                stager.wait_all();
+            }
+            __syncthreads();
+        }
+        if (more && threadIdx.x == 0) {  // seen after the products' barrier
+            exact_staged()[buffer ^ 1] = exact_claimed();
+            exact_claimed()            = exact_claim(p, TYPE);
+        }
+        exact_trace_mark<TRACE>(kMarkLanded);
+        {
+            const exact_chunk_rows r     = exact_rows_of(p, exact_staged()[buffer]);
+            const uint8_t *        stage = smem + p.smem_stage + buffer * p.stage_buffer;
+            const int64_t          bytes = (int64_t) r.c.n * r.s->row_stride;
+            const uint8_t *        rows  = STAGED ? stage : r.s->w + r.off;
+            const uint8_t *        grows = STAGED ? stage + bytes : glu ? r.s->w_gate + r.off : nullptr;
+            if (r.valid) {
+                if constexpr (!glu) {
+#pragma unroll 4
+                    for (int j = sub; j < r.c.n; j += together) {
+                        part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * r.s->row_stride);
+                    }
+                } else {
+                    for (int j = sub; j < r.c.n; j += together) {
+                        part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * r.s->row_stride);
+                        part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * r.s->row_stride);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        exact_trace_mark<TRACE>(kMarkProducts);
+        {
+            const exact_chunk_rows r = exact_rows_of(p, exact_staged()[buffer]);
+            exact_sum_rows<glu>(p, *r.s, r.c.slot, r.c.row0, r.c.n, r.valid, per_row, part, gpart);
+            if (TAIL) {  // a tail launch's two segments are the tail's
+                exact_tail(p, r.c.row0, r.c.n);
+            }
+        }
+        if (!more) {
+            break;
+        }
+    }
+    exact_trace_end<TRACE>(p, p.seg[exact_chunk_of(p, blockIdx.x).si], glu);
+}
+
+// The block's rows [row0, row0 + n) of an F32 matrix: one warp a row. STAGED as for the quantized
+// rows: a warp's row in global memory takes one load latency per pass of mmvf's loop (4 at k =
+// 2048), which set the router pack's time; copied before the wait, the latency overlaps the
+// previous kernel and the prologue.
+template <bool STAGED, bool TRACE>
+static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & s, int local, int slot, int row0, int n,
+                                      int vec, uint8_t * smem) {
+    uint8_t *     stage = smem + p.smem_stage;
+    int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w
+    const int64_t bytes = (int64_t) (n - 1) * s.row_stride + (int64_t) p.k * (int64_t) sizeof(float);  // not past the last row
+    exact_trace_start<TRACE>();
+    exact_stager stager(p.evict_first != 0);
+    const bool    valid = exact_wait_and_stage<STAGED, false, TRACE>(p, s, local, slot, off, stager, [&]() {
+        stager.copy(stage, s.w + off, bytes, s.stage_unit);
+    });
+    exact_trace_mark<TRACE>(kMarkIssued);
+    exact_prefetch_later(p);
+    const int at = exact_prologue<TRACE, false>(p, vec, smem, s.x);
+    exact_trace_mark<TRACE>(kMarkPrologue);
+    const float * xf   = (const float *) (smem + p.smem_xf) + (int64_t) at * p.k;
+    const int     lane = threadIdx.x % 32;
+    if (STAGED) {
+        stager.wait_all();
+        __syncthreads();
+    }
+    exact_trace_mark<TRACE>(kMarkLanded);
+    const uint8_t * rows = STAGED ? stage : s.w + off;
+    for (int j = threadIdx.x / 32; j < n; j += kExactThreads / 32) {
+        const float v = valid ? exact_row_f32((const float *) (rows + (int64_t) j * s.row_stride), p.k, xf, p.f32_block, lane)
+                              : __int_as_float(0x7fffffff);
+        if (lane == 0) {
+            exact_store(s, slot, row0 + j, v);
+        }
+    }
+    exact_trace_mark<TRACE>(kMarkProducts);  // products and stores go row by row here
+    exact_trace_end<TRACE>(p, s, false);
+}
+
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
 // own instance too: the tail's code made ptxas spill in the plain one). IMAGE (with GLU): x is the
@@ -1024,36 +1192,35 @@ template <bool GLU, bool TAIL = false, bool TRACE = false, bool IMAGE = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    int si = 0;
-    while (si + 1 < p.n_segments && (int) blockIdx.x >= p.seg[si + 1].block_begin) {
-        ++si;
+    const exact_chunk c   = exact_chunk_of(p, blockIdx.x);
+    const exact_seg & s   = p.seg[c.si];
+    const int         vec = s.ids != nullptr && p.n_vec > 1 ? c.slot : 0;
+    if (threadIdx.x == 0) {  // the block's second chunk, claimed before the wait (seen after the prologue)
+        exact_staged()[0] = blockIdx.x;
+        exact_claimed()   = p.chunk_counter != nullptr ? exact_claim(p, s.type) : p.n_chunks;
     }
-    const exact_seg & s     = p.seg[si];
-    const int         local = blockIdx.x - s.block_begin;
-    const int         slot = local / s.chunks, row0 = local % s.chunks * s.chunk_rows;
-    const int         n    = min(s.chunk_rows, s.rows - row0);
-    const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, IMAGE>(p, s, slot, row0, n, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem);
             break;
-        default:
-            s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, slot, row0, n, vec, smem)
-                         : exact_rows_f32<false, TRACE>(p, s, slot, row0, n, vec, smem);
+        default:  // a launch with F32 rows takes a chunk a block
+            s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, c.local, c.slot, c.row0, c.n, vec, smem)
+                         : exact_rows_f32<false, TRACE>(p, s, c.local, c.slot, c.row0, c.n, vec, smem);
+            if (TAIL) {
+                exact_tail(p, c.row0, c.n);
+            }
             break;
     }
-    if (TAIL) {  // a tail launch's two segments are the tail's
-        exact_tail(p, row0, n);
-    }
+    exact_chunks_done(p);
 }
 
 // One instance of the kernel, with the shared memory it may use.

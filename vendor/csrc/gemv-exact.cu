@@ -7,6 +7,7 @@
 #include "env-switch.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 
 // Matrices a row multiplies: 2 when the segments have the FRT_GEMV_SWIGLU epilogue (the gate rows
@@ -55,6 +56,23 @@ static bool exact_evict_first() {
 static int exact_scatter_rows() {
     static const int rows = std::max(0, frt_env_int("GGML_FLASHRT_EXACT_SCATTER_ROWS", 33));
     return rows;
+}
+
+// GGML_FLASHRT_EXACT_CHUNKS=N (N >= 2): where the caller gives chunk counters
+// (frt_gemv_args::chunk_counters), the launch's rows in chunks of about 1/N of a block's share,
+// taken from a counter past each block's first (exact_params::chunk_counter). 0 (the default) or
+// 1: a block a chunk.
+static int exact_chunk_split() {
+    static const int split = std::max(0, frt_env_int("GGML_FLASHRT_EXACT_CHUNKS", 0));
+    return split;
+}
+
+// The next launch's pair of chunk counters (frt_gemv_args::chunk_counters): launches in turn, so
+// that a launch whose blocks start while the previous one's still claim chunks counts apart.
+static unsigned * exact_next_chunk_counter(unsigned * counters) {
+    static std::atomic<unsigned> turn{ 0 };
+    constexpr int words = FRT_GEMV_CHUNK_COUNTER_WORDS / FRT_GEMV_CHUNK_SLOTS;
+    return counters + words * (turn.fetch_add(1, std::memory_order_relaxed) % FRT_GEMV_CHUNK_SLOTS);
 }
 
 // A launch of an input norm and F32 rows only (the ROUTER window's: the router and the shared
@@ -336,8 +354,46 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
             shape = wider;
         }
     }
+    // Chunks taken from a counter: the same search at 1/N of the rows a block, two stage buffers of
+    // such chunks (about the one buffer of a block's share), one wave of blocks. Only where the
+    // blocks share one x (one token, no segment's own input) and every segment is staged
+    // quantized rows; and only if there are more chunks than a wave.
+    bool chunked = false;
+    if (exact_chunk_split() >= 2 && a.chunk_counters != nullptr && p.n_vec == 1 && !f32) {
+        bool plain = true;
+        for (int i = 0; i < a.n_segments; ++i) {
+            plain = plain && a.seg[i].x == nullptr && units[i] != 0;
+        }
+        const exact_shape part   = shape_at(std::max(4, (shape.rows / exact_chunk_split() + 3) / 4 * 4));
+        const int         buffer = (part.smem - part.stage + 15) / 16 * 16;
+        bool              staged = true;
+        for (int i = 0; i < a.n_segments; ++i) {
+            staged = staged && part.units[i] != 0;
+        }
+        // A block takes more chunks of its first chunk's type only (its instance of the kernel): a
+        // type with chunks past the first wave needs a quarter of the wave's first chunks.
+        int first[3] = {}, later[3] = {}, begin = 0;
+        for (int i = 0; i < a.n_segments; ++i) {
+            const frt_gemv_segment & s      = a.seg[i];
+            const int                chunks = (s.ids != nullptr ? s.n_used : 1) * ((s.rows + part.chunk_rows[i] - 1) / part.chunk_rows[i]);
+            const int                type   = s.type == FRT_GEMV_Q4_K ? 0 : s.type == FRT_GEMV_Q6_K ? 1 : 2;
+            first[type] += std::max(0, std::min(begin + chunks, wave) - begin);
+            later[type] += std::max(0, begin + chunks - std::max(begin, wave));
+            begin += chunks;
+        }
+        bool shared_out = true;
+        for (int t = 0; t < 3; ++t) {
+            shared_out = shared_out && (later[t] == 0 || 4 * first[t] >= wave);
+        }
+        if (plain && staged && shared_out && part.blocks > wave && part.stage + 2 * buffer <= kMaxSmem) {
+            shape          = part;
+            shape.smem     = part.stage + 2 * buffer;
+            p.stage_buffer = buffer;
+            chunked        = true;
+        }
+    }
     if (a.tail.out != nullptr) {
-        // Groups of rows never straddle two blocks of a slot.
+        // Groups of rows never straddle two chunks of a slot.
         for (const int seg : { a.tail.experts_seg, a.tail.shexp_seg }) {
             if (shape.chunk_rows[seg] % FRT_GEMV_TAIL_ROWS_A_COUNTER != 0 ||
                 shape.chunk_rows[seg] > kExactWaveRows) {
@@ -377,6 +433,11 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         q.block_begin     = blocks;
         q.stage_unit      = shape.units[i];
         blocks += (s.ids != nullptr ? s.n_used : 1) * q.chunks;
+    }
+    p.n_chunks = blocks;
+    if (chunked) {
+        p.chunk_counter = exact_next_chunk_counter(a.chunk_counters);
+        blocks          = wave;
     }
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
     if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks)

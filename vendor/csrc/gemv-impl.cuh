@@ -361,6 +361,16 @@ static __device__ __forceinline__ void gemv_cp_async_wait_all() {
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
 }
 
+// This thread's copies issued since the last commit as one group (gemv_cp_async_wait_group).
+static __device__ __forceinline__ void gemv_cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits until at most N of this thread's committed groups are still in flight (the latest ones).
+template <int N> static __device__ __forceinline__ void gemv_cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // ---- direct path: one type's item loads and products ----
 
 template <int TYPE> struct gemv_direct;

@@ -211,7 +211,19 @@ struct frt_gemv_args {
     const float * guess_logits;
     frt_gemv_moe_tail tail;
     frt_gemv_prefetch prefetch;
+    // Exact kernel only, a hint: non-null, FRT_GEMV_CHUNK_COUNTER_WORDS words of device memory,
+    // zero before the first launch that gets them, which every launch leaves at zero. With
+    // GGML_FLASHRT_EXACT_CHUNKS=N (N >= 2), a one-token launch of staged quantized rows read
+    // against the launch's x then splits its rows into chunks of about 1/N of a block's share and
+    // runs one wave of blocks, each taking more chunks of its first chunk's type from a counter
+    // here, so that a block that starts late (resident only as the kernel before leaves its SM)
+    // takes fewer. A chunk is whole rows, each summed as before: the same bits. Consecutive
+    // launches use different counters (the next launch's blocks may start before this one's last
+    // block ends).
+    unsigned *        chunk_counters;
 };
+constexpr int FRT_GEMV_CHUNK_SLOTS        = 8;  // launches in turn, 4 words each (a claim counter a quantized type, a count)
+constexpr int FRT_GEMV_CHUNK_COUNTER_WORDS = 4 * FRT_GEMV_CHUNK_SLOTS;
 
 // Exact kernel only, for measurement: where each block of every exact launch spends its time in a
 // real decode step (under CUDA graphs and programmatic dependent launch, which a launch alone in a

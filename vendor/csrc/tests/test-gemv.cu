@@ -75,6 +75,20 @@ const char * kernel_name(frt_gemv_kernel kernel) {
                                                  : "auto";
 }
 
+
+// The exact launches' chunk counters (frt_gemv_args::chunk_counters), zeroed once: every exact
+// launch of the test gets them, so that with GGML_FLASHRT_EXACT_CHUNKS=2 in the environment the
+// launches that split their rows into chunks taken from a counter are checked by every case as
+// they are without it; run_chunk_counters_case checks that they are all back at zero at the end.
+static unsigned * chunk_counters() {
+    static unsigned * counters = [] {
+        unsigned * c = nullptr;
+        CHECK(cudaMalloc(&c, FRT_GEMV_CHUNK_COUNTER_WORDS * sizeof(unsigned)));
+        CHECK(cudaMemset(c, 0, FRT_GEMV_CHUNK_COUNTER_WORDS * sizeof(unsigned)));
+        return c;
+    }();
+    return counters;
+}
 // Runs one case with one kernel; returns true when every output is within its bounds.
 bool run_case(const test_case & tc, frt_gemv_kernel kernel, std::mt19937_64 & rng) {
     const int k = tc.k, T = tc.tokens;
@@ -126,6 +140,7 @@ bool run_case(const test_case & tc, frt_gemv_kernel kernel, std::mt19937_64 & rn
     }
 
     frt_gemv_args args{};
+    args.chunk_counters = kernel == FRT_GEMV_KERNEL_EXACT ? chunk_counters() : nullptr;
     args.x           = nullptr;
     args.x_stride    = x_stride;
     args.k           = k;
@@ -663,6 +678,7 @@ bool run_glu_case(const glu_case & gc, std::mt19937_64 & rng) {
     // which: 0 the GLU launch, 1 up alone, 2 gate alone.
     const auto launch = [&](int which) {
         frt_gemv_args a{};
+        a.chunk_counters = chunk_counters();
         a.x           = d_x;
         a.x_stride    = k;
         a.k           = k;
@@ -1759,6 +1775,22 @@ bool run_refusals() {
 
 }  // namespace
 
+// After every exact launch above: each launch that took chunks from a counter left its counters
+// at zero for the next (the last block to finish resets them), so all of them are zero now.
+bool run_chunk_counters_case() {
+    std::vector<unsigned> words(FRT_GEMV_CHUNK_COUNTER_WORDS);
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(words.data(), chunk_counters(), words.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    int nonzero = 0;
+    for (const unsigned w : words) {
+        nonzero += w != 0 ? 1 : 0;
+    }
+    const char * chunks = std::getenv("GGML_FLASHRT_EXACT_CHUNKS");
+    std::printf("%-4s %-34s %d of %d words not zero (GGML_FLASHRT_EXACT_CHUNKS=%s)\n", nonzero == 0 ? "ok" : "FAIL",
+                "chunk counters back at zero", nonzero, (int) words.size(), chunks != nullptr ? chunks : "unset");
+    return nonzero == 0;
+}
+
 int main(int argc, char ** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : std::random_device{}();
@@ -1970,7 +2002,7 @@ int main(int argc, char ** argv) {
         failed += run_handoff_case(hc, rng) ? 0 : 1;
         ++total;
     }
-    for (bool (*run)() : { run_refusals, run_handoff_refusals }) {
+    for (bool (*run)() : { run_refusals, run_handoff_refusals, run_chunk_counters_case }) {
         failed += run() ? 0 : 1;
         ++total;
     }
