@@ -103,6 +103,7 @@ struct exact_params {
     // before. Without it n_chunks is the grid.
     unsigned *    chunk_counter;
     int           n_chunks, stage_buffer;
+    int           type_blocks[3];  // with chunk_counter: the grid's blocks that start with a chunk of each type
     int           scatter_rows;  // blocks of at least this many rows add them by reduce-scatter (0: none)
     frt_gemv_prefetch prefetch;  // frt_gemv_args::prefetch
     // frt_gemv_trace: non-null, each block writes a record at its end.
@@ -232,32 +233,54 @@ static __device__ __forceinline__ int * exact_staged() {
 }
 
 // A launch's words of chunk counters: one claim counter for each quantized type (a block takes
-// chunks of its first chunk's type, which its instance of the kernel multiplies), then the count
+// chunks of its first chunk's type, which its instance of the row code multiplies), then the count
 // of blocks done.
 constexpr int kExactChunkTypes = 3;
 static_assert(FRT_GEMV_CHUNK_COUNTER_WORDS == FRT_GEMV_CHUNK_SLOTS * (kExactChunkTypes + 1), "a launch's words");
 
-static __device__ __forceinline__ int exact_chunk_type(int type) {
+static __host__ __device__ __forceinline__ int exact_chunk_type(int type) {
     return type == FRT_GEMV_Q4_K ? 0 : type == FRT_GEMV_Q6_K ? 1 : 2;
 }
 
-// Thread 0: the next chunk of `type` past the grid's (every segment of the type, in order), from
-// the type's counter; n_chunks when none is left.
-static __device__ int exact_claim(const exact_params & p, int type) {
-    int left = (int) atomicAdd(p.chunk_counter + exact_chunk_type(type), 1u);
+// The id of chunk `k` of the type's chunks (every segment of the type, in order); n_chunks past
+// the last.
+static __device__ int exact_type_chunk(const exact_params & p, int type, int k) {
     for (int i = 0; i < p.n_segments; ++i) {
         const exact_seg & s    = p.seg[i];
-        const int         from = max(s.block_begin, (int) gridDim.x);
+        const int         from = s.block_begin;
         const int         to   = i + 1 < p.n_segments ? p.seg[i + 1].block_begin : p.n_chunks;
-        if (s.type != type || from >= to) {
+        if (exact_chunk_type(s.type) != type) {
             continue;
         }
-        if (left < to - from) {
-            return from + left;
+        if (k < to - from) {
+            return from + k;
         }
-        left -= to - from;
+        k -= to - from;
     }
     return p.n_chunks;
+}
+
+// The block's first chunk: its own index, or, when blocks take chunks from counters, the next of
+// the type whose share of the grid (exact_params::type_blocks) it is in.
+static __device__ __forceinline__ int exact_first_chunk(const exact_params & p) {
+    int b = blockIdx.x;
+    if (p.chunk_counter == nullptr) {
+        return b;
+    }
+    for (int t = 0; t < kExactChunkTypes; ++t) {
+        if (b < p.type_blocks[t]) {
+            return exact_type_chunk(p, t, b);
+        }
+        b -= p.type_blocks[t];
+    }
+    return p.n_chunks;
+}
+
+// Thread 0: the next chunk of the type past those the grid's blocks start with, from the type's
+// counter; n_chunks when none is left.
+static __device__ int exact_claim(const exact_params & p, int type) {
+    const int t = exact_chunk_type(type);
+    return exact_type_chunk(p, t, p.type_blocks[t] + (int) atomicAdd(p.chunk_counter + t, 1u));
 }
 
 // Thread 0, once the block has taken its last chunk: the last block to get here sets the launch's
@@ -1143,7 +1166,7 @@ static __device__ void exact_rows(const exact_params & p, exact_chunk c, int vec
             break;
         }
     }
-    exact_trace_end<TRACE>(p, p.seg[exact_chunk_of(p, blockIdx.x).si], glu);
+    exact_trace_end<TRACE>(p, p.seg[exact_chunk_of(p, exact_first_chunk(p)).si], glu);
 }
 
 // The block's rows [row0, row0 + n) of an F32 matrix: one warp a row. STAGED as for the quantized
@@ -1192,11 +1215,12 @@ template <bool GLU, bool TAIL = false, bool TRACE = false, bool IMAGE = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    const exact_chunk c   = exact_chunk_of(p, blockIdx.x);
+    const int         id  = exact_first_chunk(p);
+    const exact_chunk c   = exact_chunk_of(p, id);
     const exact_seg & s   = p.seg[c.si];
     const int         vec = s.ids != nullptr && p.n_vec > 1 ? c.slot : 0;
     if (threadIdx.x == 0) {  // the block's second chunk, claimed before the wait (seen after the prologue)
-        exact_staged()[0] = blockIdx.x;
+        exact_staged()[0] = id;
         exact_claimed()   = p.chunk_counter != nullptr ? exact_claim(p, s.type) : p.n_chunks;
     }
     switch (s.type) {

@@ -75,6 +75,26 @@ static unsigned * exact_next_chunk_counter(unsigned * counters) {
     return counters + words * (turn.fetch_add(1, std::memory_order_relaxed) % FRT_GEMV_CHUNK_SLOTS);
 }
 
+// A block takes further chunks of its first chunk's type only (the row code it runs), so each
+// quantized type starts a share of the grid's `wave` blocks in proportion to its chunks (at least
+// one block for a type that has chunks, at most one a chunk).
+static void exact_type_blocks(const frt_gemv_args & a, const int * chunk_rows, int wave, int * type_blocks) {
+    int chunks[kExactChunkTypes] = {}, total = 0;
+    for (int i = 0; i < a.n_segments; ++i) {
+        const frt_gemv_segment & s = a.seg[i];
+        const int n = (s.ids != nullptr ? s.n_used : 1) * ((s.rows + chunk_rows[i] - 1) / chunk_rows[i]);
+        chunks[exact_chunk_type(s.type)] += n;
+        total += n;
+    }
+    int given = 0, largest = 0;
+    for (int t = 0; t < kExactChunkTypes; ++t) {
+        type_blocks[t] = chunks[t] == 0 ? 0 : std::min(chunks[t], std::max(1, (int) ((int64_t) wave * chunks[t] / total)));
+        given += type_blocks[t];
+        largest = chunks[t] > chunks[largest] ? t : largest;
+    }
+    type_blocks[largest] = std::min(chunks[largest], type_blocks[largest] + wave - given);  // the rounding's rest
+}
+
 // A launch of an input norm and F32 rows only (the ROUTER window's: the router and the shared
 // expert's gate vector) runs on frt_router_f32, one row a block with the rows in registers before
 // the wait (router-f32.cuh), the same bits; GGML_FLASHRT_ROUTER_F32=0 keeps it here.
@@ -370,26 +390,12 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         for (int i = 0; i < a.n_segments; ++i) {
             staged = staged && part.units[i] != 0;
         }
-        // A block takes more chunks of its first chunk's type only (its instance of the kernel): a
-        // type with chunks past the first wave needs a quarter of the wave's first chunks.
-        int first[3] = {}, later[3] = {}, begin = 0;
-        for (int i = 0; i < a.n_segments; ++i) {
-            const frt_gemv_segment & s      = a.seg[i];
-            const int                chunks = (s.ids != nullptr ? s.n_used : 1) * ((s.rows + part.chunk_rows[i] - 1) / part.chunk_rows[i]);
-            const int                type   = s.type == FRT_GEMV_Q4_K ? 0 : s.type == FRT_GEMV_Q6_K ? 1 : 2;
-            first[type] += std::max(0, std::min(begin + chunks, wave) - begin);
-            later[type] += std::max(0, begin + chunks - std::max(begin, wave));
-            begin += chunks;
-        }
-        bool shared_out = true;
-        for (int t = 0; t < 3; ++t) {
-            shared_out = shared_out && (later[t] == 0 || 4 * first[t] >= wave);
-        }
-        if (plain && staged && shared_out && part.blocks > wave && part.stage + 2 * buffer <= kMaxSmem) {
+        if (plain && staged && part.blocks > wave && part.stage + 2 * buffer <= kMaxSmem) {
             shape          = part;
             shape.smem     = part.stage + 2 * buffer;
             p.stage_buffer = buffer;
             chunked        = true;
+            exact_type_blocks(a, part.chunk_rows, wave, p.type_blocks);
         }
     }
     if (a.tail.out != nullptr) {
@@ -437,7 +443,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     p.n_chunks = blocks;
     if (chunked) {
         p.chunk_counter = exact_next_chunk_counter(a.chunk_counters);
-        blocks          = wave;
+        blocks          = p.type_blocks[0] + p.type_blocks[1] + p.type_blocks[2];
     }
     const bool glu = a.seg[0].epilogue == FRT_GEMV_SWIGLU;
     if (a.tail.out != nullptr) {  // no SwiGLU (gemv.cu checks)
