@@ -1019,6 +1019,102 @@ static __device__ __forceinline__ exact_chunk_rows exact_rows_of(const exact_par
     return r;
 }
 
+// The block's rows [row0, row0 + n) of a quantized matrix (slot `slot`). STAGED: the rows are
+// contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
+// that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
+// read from global memory where it is used. IMAGE: x is the launch's x_q8 (exact_prologue).
+template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool IMAGE>
+static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int local, int slot, int row0, int n,
+                                  int vec, uint8_t * smem) {
+    using item        = exact_item<TYPE>;
+    const int n_items = p.k / item::qk * item::per_block;
+    const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // threads a row
+    const int together = kExactThreads / per_row;                        // rows side by side
+    const int tid = threadIdx.x, lane = tid % 32;
+    const int sub = tid / per_row, ts = tid % per_row;                   // ts: stock's thread
+    const int passes = (n_items + kStockThreads - 1) / kStockThreads;
+    uint8_t * stage  = smem + p.smem_stage;
+
+    // With FRT_GEMV_SWIGLU the gate matrix's same rows too, staged after them; their sums go to
+    // the partial sums' second half.
+    constexpr bool glu  = GLU;  // the launch's segments all have FRT_GEMV_SWIGLU
+    const int64_t bytes = (int64_t) n * s.row_stride;
+    int64_t       off   = (int64_t) row0 * s.row_stride;  // of the block's first row in s.w (and s.w_gate)
+    exact_trace_start<TRACE>();
+    exact_stager stager(p.evict_first != 0);
+    const bool    valid = exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, local, slot, off, stager, [&]() {
+        stager.copy(stage, s.w + off, bytes, s.stage_unit);
+        if constexpr (glu) {
+            stager.copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
+        }
+    });
+    exact_trace_mark<TRACE>(kMarkIssued);
+    exact_prefetch_later(p);
+    const int at = exact_prologue<TRACE, !GLU, IMAGE>(p, vec, smem, s.x);
+    exact_trace_mark<TRACE>(kMarkPrologue);
+    const int8_t * xq   = (const int8_t *) smem + (int64_t) at * p.k;
+    const uint2 *  xm   = (const uint2 *) (smem + p.smem_xm) + (int64_t) at * (p.k / 32);
+    float *        part = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
+    const uint8_t * rows  = STAGED ? stage : s.w + off;
+    const uint8_t * grows = STAGED ? stage + bytes : glu ? s.w_gate + off : nullptr;
+    const int       gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
+
+    {
+        // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
+        // Q6_K/Q8_0); later passes read them again a row.
+        const bool               has0 = valid && ts < n_items, has1 = valid && ts + kStockThreads < n_items;
+        const int                iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
+        typename item::x_t       x0, x1;
+        if (has0) {
+            x0 = item::load_x(xq, xm, ts / item::per_block, iqs);
+        }
+        if (has1) {
+            x1 = item::load_x(xq, xm, (ts + kStockThreads) / item::per_block, iqs);
+        }
+        // One row's sum as stock's thread ts adds it: items ts, ts + 128, ... in order.
+        const auto row_sum = [&](const uint8_t * row) {
+            float acc = 0.0f;
+            if (has0) {
+                acc += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
+            }
+            if (has1) {
+                acc += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
+            }
+            for (int m = 2; m < passes; ++m) {
+                const int it = ts + kStockThreads * m;
+                if (it >= n_items) {
+                    break;
+                }
+                const int kbx = it / item::per_block;
+                acc += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
+            }
+            return acc;
+        };
+        if (STAGED) {
+            stager.wait_all();
+            __syncthreads();
+        }
+        exact_trace_mark<TRACE>(kMarkLanded);
+        if (valid) {
+            if constexpr (!glu) {
+#pragma unroll 4
+                for (int j = sub; j < n; j += together) {
+                    part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * s.row_stride);
+                }
+            } else {
+                for (int j = sub; j < n; j += together) {
+                    part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * s.row_stride);
+                    part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * s.row_stride);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    exact_trace_mark<TRACE>(kMarkProducts);
+    exact_sum_rows<glu>(p, s, slot, row0, n, valid, per_row, part, gpart);
+    exact_trace_end<TRACE>(p, s, glu);
+}
+
 // Issues the cp.async copies of chunk `id`'s rows (and its gate rows) into `stage`, after the
 // wait: an expert's matrix is known then (from the launch's routing, else from the ids). Nothing
 // for a slot without a matrix (exact_rows finds it again and stores NaN).
@@ -1038,16 +1134,17 @@ static __device__ __forceinline__ void exact_stage_chunk(const exact_params & p,
     }
 }
 
-// The block's chunk c of a quantized matrix (rows [row0, row0 + n) of segment si's matrix in slot
-// `slot`), then any more chunks of the type that it takes from the launch's counter. STAGED: the
-// rows are contiguous bytes that the block copies into shared memory in one go, the first chunk's
-// in exact_wait_and_stage, so that their latency overlaps the previous kernel's tail and the
-// prologue, each later chunk's into the other of two buffers while the block multiplies the chunk
-// before; otherwise each item is read from global memory where it is used. x is put in shared
-// memory once, and its words for a thread's items read once, for every chunk. IMAGE: x is the
-// launch's x_q8 (exact_prologue). TAIL: each chunk's rows count towards the launch's MoE tail.
-template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool IMAGE, bool TAIL>
-static __device__ void exact_rows(const exact_params & p, exact_chunk c, int vec, uint8_t * smem) {
+// exact_rows for a launch whose blocks take chunks from counters (exact_params::chunk_counter):
+// the block's chunk c of a quantized matrix (rows [row0, row0 + n) of segment si's matrix in slot
+// `slot`), then any more chunks of the type that it takes from the type's counter. The first
+// chunk's rows are staged in exact_wait_and_stage, each later chunk's into the other of two buffers
+// while the block multiplies the chunk before. x is put in shared memory once, and its words for a
+// thread's items read once, for every chunk. IMAGE: x is the launch's x_q8 (exact_prologue).
+// TAIL: each chunk's rows count towards the launch's MoE tail. A kernel instance of its own: the
+// chunk loop cost the others registers (ptxas spilled in their products' loops).
+template <int TYPE, bool GLU, bool TRACE, bool IMAGE, bool TAIL>
+static __device__ void exact_rows_chunked(const exact_params & p, exact_chunk c, int vec, uint8_t * smem) {
+    constexpr bool STAGED = true;  // a launch whose blocks take chunks stages every segment's rows
     using item        = exact_item<TYPE>;
     const int n_items = p.k / item::qk * item::per_block;
     const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // threads a row
@@ -1210,41 +1307,58 @@ static __device__ void exact_rows_f32(const exact_params & p, const exact_seg & 
 // GLU: every segment has the FRT_GEMV_SWIGLU epilogue (its own instance: the gate rows' registers
 // would make the plain one spill). TAIL: the launch computes an MoE tail (frt_gemv_args::tail; its
 // own instance too: the tail's code made ptxas spill in the plain one). IMAGE (with GLU): x is the
-// launch's x_q8.
-template <bool GLU, bool TAIL = false, bool TRACE = false, bool IMAGE = false>
+// launch's x_q8. CHUNKS: the blocks take chunks from counters (exact_rows_chunked; quantized
+// staged rows only), else a block a chunk.
+template <bool GLU, bool TAIL = false, bool TRACE = false, bool IMAGE = false, bool CHUNKS = false>
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
-    const int         id  = exact_first_chunk(p);
-    const exact_chunk c   = exact_chunk_of(p, id);
-    const exact_seg & s   = p.seg[c.si];
-    const int         vec = s.ids != nullptr && p.n_vec > 1 ? c.slot : 0;
-    if (threadIdx.x == 0) {  // the block's second chunk, claimed before the wait (seen after the prologue)
-        exact_staged()[0] = id;
-        exact_claimed()   = p.chunk_counter != nullptr ? exact_claim(p, s.type) : p.n_chunks;
+    if constexpr (CHUNKS) {
+        const int         id = exact_first_chunk(p);
+        const exact_chunk c  = exact_chunk_of(p, id);
+        const int         type = p.seg[c.si].type;
+        if (threadIdx.x == 0) {  // the block's second chunk, claimed before the wait (seen after the prologue)
+            exact_staged()[0] = id;
+            exact_claimed()   = exact_claim(p, type);
+        }
+        switch (type) {  // quantized rows only
+            case FRT_GEMV_Q4_K: exact_rows_chunked<FRT_GEMV_Q4_K, GLU, TRACE, IMAGE, TAIL>(p, c, 0, smem); break;
+            case FRT_GEMV_Q6_K: exact_rows_chunked<FRT_GEMV_Q6_K, GLU, TRACE, IMAGE, TAIL>(p, c, 0, smem); break;
+            default:            exact_rows_chunked<FRT_GEMV_Q8_0, GLU, TRACE, IMAGE, TAIL>(p, c, 0, smem); break;
+        }
+        exact_chunks_done(p);
+        return;
     }
+    int si = 0;
+    while (si + 1 < p.n_segments && (int) blockIdx.x >= p.seg[si + 1].block_begin) {
+        ++si;
+    }
+    const exact_seg & s     = p.seg[si];
+    const int         local = blockIdx.x - s.block_begin;
+    const int         slot = local / s.chunks, row0 = local % s.chunks * s.chunk_rows;
+    const int         n    = min(s.chunk_rows, s.rows - row0);
+    const int         vec  = s.ids != nullptr && p.n_vec > 1 ? slot : 0;
     switch (s.type) {
         case FRT_GEMV_Q4_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem)
-                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q4_K, true, GLU, TRACE, IMAGE>(p, s, local, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q4_K, false, GLU, TRACE, IMAGE>(p, s, local, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q6_K:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem)
-                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q6_K, true, GLU, TRACE, IMAGE>(p, s, local, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q6_K, false, GLU, TRACE, IMAGE>(p, s, local, slot, row0, n, vec, smem);
             break;
         case FRT_GEMV_Q8_0:
-            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem)
-                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, IMAGE, TAIL>(p, c, vec, smem);
+            s.stage_unit ? exact_rows<FRT_GEMV_Q8_0, true, GLU, TRACE, IMAGE>(p, s, local, slot, row0, n, vec, smem)
+                         : exact_rows<FRT_GEMV_Q8_0, false, GLU, TRACE, IMAGE>(p, s, local, slot, row0, n, vec, smem);
             break;
-        default:  // a launch with F32 rows takes a chunk a block
-            s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, c.local, c.slot, c.row0, c.n, vec, smem)
-                         : exact_rows_f32<false, TRACE>(p, s, c.local, c.slot, c.row0, c.n, vec, smem);
-            if (TAIL) {
-                exact_tail(p, c.row0, c.n);
-            }
+        default:
+            s.stage_unit ? exact_rows_f32<true, TRACE>(p, s, local, slot, row0, n, vec, smem)
+                         : exact_rows_f32<false, TRACE>(p, s, local, slot, row0, n, vec, smem);
             break;
     }
-    exact_chunks_done(p);
+    if (TAIL) {  // a tail launch's two segments are the tail's
+        exact_tail(p, row0, n);
+    }
 }
 
 // One instance of the kernel, with the shared memory it may use.

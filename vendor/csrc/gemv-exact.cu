@@ -212,15 +212,15 @@ cudaError_t frt_gemv_trace_records(frt_gemv_trace_record * out, int max, int * n
 }
 
 // The plain or the SwiGLU instance (no tail; the SwiGLU one reading x or the launch's image), with
-// the trace's records or without.
-template <bool TRACE>
+// the trace's records or without, a block a chunk or taking chunks from counters.
+template <bool TRACE, bool CHUNKS>
 static cudaError_t exact_launch_glu(bool glu, int device, int blocks, int smem, cudaStream_t stream,
                                     const exact_params & p) {
     if (glu && p.x_q8 != nullptr) {
-        return exact_launch<frt_gemv_exact_kernel<true, false, TRACE, true>>(device, blocks, smem, stream, p);
+        return exact_launch<frt_gemv_exact_kernel<true, false, TRACE, true, CHUNKS>>(device, blocks, smem, stream, p);
     }
-    return glu ? exact_launch<frt_gemv_exact_kernel<true, false, TRACE>>(device, blocks, smem, stream, p)
-               : exact_launch<frt_gemv_exact_kernel<false, false, TRACE>>(device, blocks, smem, stream, p);
+    return glu ? exact_launch<frt_gemv_exact_kernel<true, false, TRACE, false, CHUNKS>>(device, blocks, smem, stream, p)
+               : exact_launch<frt_gemv_exact_kernel<false, false, TRACE, false, CHUNKS>>(device, blocks, smem, stream, p);
 }
 
 cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) {
@@ -379,7 +379,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     // blocks share one x (one token, no segment's own input) and every segment is staged
     // quantized rows; and only if there are more chunks than a wave.
     bool chunked = false;
-    if (exact_chunk_split() >= 2 && a.chunk_counters != nullptr && p.n_vec == 1 && !f32) {
+    if (exact_chunk_split() >= 2 && a.chunk_counters != nullptr && p.n_vec == 1 && !f32 && a.tail.out == nullptr) {
         bool plain = true;
         for (int i = 0; i < a.n_segments; ++i) {
             plain = plain && a.seg[i].x == nullptr && units[i] != 0;
@@ -450,6 +450,7 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
         return exact_launch<frt_gemv_exact_kernel<false, true>>(device, blocks, smem, stream, p);
     }
     // frt_gemv_trace: the instances that write records (not the tail's).
-    const auto launch = p.trace != nullptr ? exact_launch_glu<true> : exact_launch_glu<false>;
+    const auto launch = p.trace != nullptr ? (chunked ? exact_launch_glu<true, true> : exact_launch_glu<true, false>)
+                                           : (chunked ? exact_launch_glu<false, true> : exact_launch_glu<false, false>);
     return launch(glu, device, blocks, smem, stream, p);
 }

@@ -1776,19 +1776,70 @@ bool run_refusals() {
 }  // namespace
 
 // After every exact launch above: each launch that took chunks from a counter left its counters
-// at zero for the next (the last block to finish resets them), so all of them are zero now.
+// at zero for the next (the last block to finish resets them), so all of them are zero now. Then,
+// under GGML_FLASHRT_EXACT_CHUNKS=N (N >= 2), a launch of attn_qkv's shape (8192 Q4_K rows, more
+// chunks than a wave on any GPU of up to 256 SMs) with every Q4_K claim counter set past any
+// chunk: its blocks take their first chunks only, so rows of the chunks they would have claimed
+// stay poisoned (the launch did split its rows, and took the rest from the counter), and the
+// launch's words are zero again after it.
 bool run_chunk_counters_case() {
     std::vector<unsigned> words(FRT_GEMV_CHUNK_COUNTER_WORDS);
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(words.data(), chunk_counters(), words.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
-    int nonzero = 0;
-    for (const unsigned w : words) {
-        nonzero += w != 0 ? 1 : 0;
+    const auto nonzero_words = [&]() {
+        CHECK(cudaDeviceSynchronize());
+        CHECK(cudaMemcpy(words.data(), chunk_counters(), words.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+        return (int) std::count_if(words.begin(), words.end(), [](unsigned w) { return w != 0; });
+    };
+    const int    left  = nonzero_words();
+    const char * split = std::getenv("GGML_FLASHRT_EXACT_CHUNKS");
+    bool         ok    = left == 0;
+    std::printf("%-4s %-34s %d of %d words not zero after the cases (GGML_FLASHRT_EXACT_CHUNKS=%s)\n",
+                ok ? "ok" : "FAIL", "chunk counters back at zero", left, (int) words.size(), split != nullptr ? split : "unset");
+    if (split == nullptr || std::atoi(split) < 2) {
+        return ok;
     }
-    const char * chunks = std::getenv("GGML_FLASHRT_EXACT_CHUNKS");
-    std::printf("%-4s %-34s %d of %d words not zero (GGML_FLASHRT_EXACT_CHUNKS=%s)\n", nonzero == 0 ? "ok" : "FAIL",
-                "chunk counters back at zero", nonzero, (int) words.size(), chunks != nullptr ? chunks : "unset");
-    return nonzero == 0;
+    const int     k = 2048, rows = 8192, words_a_launch = FRT_GEMV_CHUNK_COUNTER_WORDS / FRT_GEMV_CHUNK_SLOTS;
+    const int64_t row_bytes = gemv_ref::gguf_row_bytes(FRT_GEMV_Q4_K, k);
+    std::mt19937_64                 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float>              x(k);
+    for (float & v : x) {
+        v = normal(rng);
+    }
+    std::vector<uint8_t> w((size_t) rows * row_bytes);
+    for (int64_t r = 0; r < rows; ++r) {
+        gemv_ref::random_row(FRT_GEMV_Q4_K, k, w.data() + r * row_bytes, rng);
+    }
+    float *   d_x   = upload(x);
+    uint8_t * d_w   = upload(w);
+    float *   d_out = upload_poisoned(rows);
+    std::vector<unsigned> past(FRT_GEMV_CHUNK_COUNTER_WORDS, 0);
+    for (int slot = 0; slot < FRT_GEMV_CHUNK_SLOTS; ++slot) {
+        past[slot * words_a_launch] = 1u << 30;  // Q4_K's claim counter: no chunk that far
+    }
+    CHECK(cudaMemcpy(chunk_counters(), past.data(), past.size() * sizeof(unsigned), cudaMemcpyHostToDevice));
+    frt_gemv_args a{};
+    a.chunk_counters = chunk_counters();
+    a.x = d_x, a.x_stride = k, a.k = k, a.tokens = 1, a.x_per_token = 1, a.n_segments = 1;
+    frt_gemv_segment & sg = a.seg[0];
+    sg.type = FRT_GEMV_Q4_K, sg.w = d_w, sg.rows = rows, sg.row_stride = row_bytes, sg.out = d_out;
+    CHECK(frt_gemv(a, 0, FRT_GEMV_KERNEL_EXACT));
+    CHECK(cudaDeviceSynchronize());
+    const std::vector<uint32_t> got = download((const uint32_t *) d_out, rows);
+    const int64_t poisoned = std::count(got.begin(), got.end(), kPoison);
+    int           reset    = 0;  // slots whose words are all zero: the launch's
+    CHECK(cudaMemcpy(words.data(), chunk_counters(), words.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    for (int slot = 0; slot < FRT_GEMV_CHUNK_SLOTS; ++slot) {
+        reset += std::all_of(words.begin() + slot * words_a_launch, words.begin() + (slot + 1) * words_a_launch,
+                             [](unsigned v) { return v == 0; });
+    }
+    CHECK(cudaMemset(chunk_counters(), 0, words.size() * sizeof(unsigned)));
+    for (void * m : { (void *) d_x, (void *) d_w, (void *) d_out }) {
+        CHECK(cudaFree(m));
+    }
+    const bool split_ok = poisoned > 0 && poisoned < rows && reset == 1;
+    std::printf("%-4s %-34s exact k=%5d rows=%6d  %" PRId64 " rows left by claims past the end, %d launch's words reset\n",
+                split_ok ? "ok" : "FAIL", "chunks: claims from the counter", k, rows, poisoned, reset);
+    return ok && split_ok;
 }
 
 int main(int argc, char ** argv) {
