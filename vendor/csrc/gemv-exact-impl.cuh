@@ -1140,11 +1140,10 @@ static __device__ __forceinline__ void exact_stage_chunk(const exact_params & p,
 // chunk's rows are staged in exact_wait_and_stage, each later chunk's into the other of two buffers
 // while the block multiplies the chunk before. x is put in shared memory once, and its words for a
 // thread's items read once, for every chunk. IMAGE: x is the launch's x_q8 (exact_prologue).
-// TAIL: each chunk's rows count towards the launch's MoE tail. A kernel instance of its own: the
-// chunk loop cost the others registers (ptxas spilled in their products' loops).
-template <int TYPE, bool GLU, bool TRACE, bool IMAGE, bool TAIL>
+// Kernel instances of their own: the chunk loop cost the others registers (ptxas spilled in their
+// products' loops).
+template <int TYPE, bool GLU, bool TRACE, bool IMAGE>
 static __device__ void exact_rows_chunked(const exact_params & p, exact_chunk c, int vec, uint8_t * smem) {
-    constexpr bool STAGED = true;  // a launch whose blocks take chunks stages every segment's rows
     using item        = exact_item<TYPE>;
     const int n_items = p.k / item::qk * item::per_block;
     const int per_row = n_items <= 32 ? 32 : n_items <= 64 ? 64 : 128;  // threads a row
@@ -1163,7 +1162,7 @@ static __device__ void exact_rows_chunked(const exact_params & p, exact_chunk c,
         const exact_seg & s     = p.seg[c.si];
         const int64_t     bytes = (int64_t) c.n * s.row_stride;
         int64_t           off   = (int64_t) c.row0 * s.row_stride;  // of the chunk's first row in s.w (and s.w_gate)
-        exact_wait_and_stage<STAGED, !GLU, TRACE>(p, s, c.local, c.slot, off, stager, [&]() {
+        exact_wait_and_stage<true, !GLU, TRACE>(p, s, c.local, c.slot, off, stager, [&]() {
             stager.copy(stage, s.w + off, bytes, s.stage_unit);
             if constexpr (glu) {
                 stager.copy(stage + bytes, s.w_gate + off, bytes, s.stage_unit);
@@ -1211,20 +1210,18 @@ static __device__ void exact_rows_chunked(const exact_params & p, exact_chunk c,
         return acc;
     };
     for (int buffer = 0;; buffer ^= 1) {
-        const bool more = STAGED && exact_claimed() < p.n_chunks;  // read by every thread before the barrier
-        if (STAGED) {
-            if (more) {
-                // This chunk's copies as one group, the next chunk's (into the other buffer, whose
-                // chunk the barrier after the last products freed) as another: wait for the first.
-                gemv_cp_async_commit();
-                exact_stage_chunk(p, exact_claimed(), smem + p.smem_stage + (buffer ^ 1) * p.stage_buffer, stager);
-                gemv_cp_async_commit();
-                gemv_cp_async_wait_group<1>();
-            } else {
-                stager.wait_all();
-            }
-            __syncthreads();
+        const bool more = exact_claimed() < p.n_chunks;  // read by every thread before the barrier
+        if (more) {
+            // This chunk's copies as one group, the next chunk's (into the other buffer, whose chunk
+            // the barrier after the last products freed) as another: wait for the first.
+            gemv_cp_async_commit();
+            exact_stage_chunk(p, exact_claimed(), smem + p.smem_stage + (buffer ^ 1) * p.stage_buffer, stager);
+            gemv_cp_async_commit();
+            gemv_cp_async_wait_group<1>();
+        } else {
+            stager.wait_all();
         }
+        __syncthreads();
         if (more && threadIdx.x == 0) {  // seen after the products' barrier
             exact_staged()[buffer ^ 1] = exact_claimed();
             exact_claimed()            = exact_claim(p, TYPE);
@@ -1234,18 +1231,16 @@ static __device__ void exact_rows_chunked(const exact_params & p, exact_chunk c,
             const exact_chunk_rows r     = exact_rows_of(p, exact_staged()[buffer]);
             const uint8_t *        stage = smem + p.smem_stage + buffer * p.stage_buffer;
             const int64_t          bytes = (int64_t) r.c.n * r.s->row_stride;
-            const uint8_t *        rows  = STAGED ? stage : r.s->w + r.off;
-            const uint8_t *        grows = STAGED ? stage + bytes : glu ? r.s->w_gate + r.off : nullptr;
             if (r.valid) {
                 if constexpr (!glu) {
 #pragma unroll 4
                     for (int j = sub; j < r.c.n; j += together) {
-                        part[(j * 4 + ts / 32) * 32 + lane] = row_sum(rows + (int64_t) j * r.s->row_stride);
+                        part[(j * 4 + ts / 32) * 32 + lane] = row_sum(stage + (int64_t) j * r.s->row_stride);
                     }
-                } else {
+                } else {  // the gate rows after the up rows
                     for (int j = sub; j < r.c.n; j += together) {
-                        part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(rows + (int64_t) j * r.s->row_stride);
-                        part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(grows + (int64_t) j * r.s->row_stride);
+                        part[(j * 4 + ts / 32) * 32 + lane]           = row_sum(stage + (int64_t) j * r.s->row_stride);
+                        part[((gpart + j) * 4 + ts / 32) * 32 + lane] = row_sum(stage + bytes + (int64_t) j * r.s->row_stride);
                     }
                 }
             }
@@ -1255,9 +1250,6 @@ static __device__ void exact_rows_chunked(const exact_params & p, exact_chunk c,
         {
             const exact_chunk_rows r = exact_rows_of(p, exact_staged()[buffer]);
             exact_sum_rows<glu>(p, *r.s, r.c.slot, r.c.row0, r.c.n, r.valid, per_row, part, gpart);
-            if (TAIL) {  // a tail launch's two segments are the tail's
-                exact_tail(p, r.c.row0, r.c.n);
-            }
         }
         if (!more) {
             break;
@@ -1313,6 +1305,7 @@ template <bool GLU, bool TAIL = false, bool TRACE = false, bool IMAGE = false, b
 __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_gemv_exact_kernel(
     const __grid_constant__ exact_params p) {
     extern __shared__ __align__(16) uint8_t smem[];
+    static_assert(!(CHUNKS && TAIL), "a tail launch takes a chunk a block (gemv-exact.cu)");
     if constexpr (CHUNKS) {
         const int         id = exact_first_chunk(p);
         const exact_chunk c  = exact_chunk_of(p, id);
@@ -1322,9 +1315,9 @@ __launch_bounds__(kExactThreads, kExactBlocksPerSm) static __global__ void frt_g
             exact_claimed()   = exact_claim(p, type);
         }
         switch (type) {  // quantized rows only
-            case FRT_GEMV_Q4_K: exact_rows_chunked<FRT_GEMV_Q4_K, GLU, TRACE, IMAGE, TAIL>(p, c, 0, smem); break;
-            case FRT_GEMV_Q6_K: exact_rows_chunked<FRT_GEMV_Q6_K, GLU, TRACE, IMAGE, TAIL>(p, c, 0, smem); break;
-            default:            exact_rows_chunked<FRT_GEMV_Q8_0, GLU, TRACE, IMAGE, TAIL>(p, c, 0, smem); break;
+            case FRT_GEMV_Q4_K: exact_rows_chunked<FRT_GEMV_Q4_K, GLU, TRACE, IMAGE>(p, c, 0, smem); break;
+            case FRT_GEMV_Q6_K: exact_rows_chunked<FRT_GEMV_Q6_K, GLU, TRACE, IMAGE>(p, c, 0, smem); break;
+            default:            exact_rows_chunked<FRT_GEMV_Q8_0, GLU, TRACE, IMAGE>(p, c, 0, smem); break;
         }
         exact_chunks_done(p);
         return;
