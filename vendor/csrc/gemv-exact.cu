@@ -380,17 +380,13 @@ cudaError_t frt_gemv_exact_launch(const frt_gemv_args & a, cudaStream_t stream) 
     // quantized rows; and only if there are more chunks than a wave.
     bool chunked = false;
     if (exact_chunk_split() >= 2 && a.chunk_counters != nullptr && p.n_vec == 1 && !f32 && a.tail.out == nullptr) {
-        bool plain = true;
-        for (int i = 0; i < a.n_segments; ++i) {
-            plain = plain && a.seg[i].x == nullptr && units[i] != 0;
-        }
         const exact_shape part   = shape_at(std::max(4, (shape.rows / exact_chunk_split() + 3) / 4 * 4));
         const int         buffer = (part.smem - part.stage + 15) / 16 * 16;
-        bool              staged = true;
+        bool              plain  = true;  // every segment reads x and is staged at the chunk size
         for (int i = 0; i < a.n_segments; ++i) {
-            staged = staged && part.units[i] != 0;
+            plain = plain && a.seg[i].x == nullptr && part.units[i] != 0;
         }
-        if (plain && staged && part.blocks > wave && part.stage + 2 * buffer <= kMaxSmem) {
+        if (plain && part.blocks > wave && part.stage + 2 * buffer <= kMaxSmem) {
             shape          = part;
             shape.smem     = part.stage + 2 * buffer;
             p.stage_buffer = buffer;
