@@ -1023,6 +1023,55 @@ static __device__ __forceinline__ exact_chunk_rows exact_rows_of(const exact_par
 // contiguous bytes that the block copies into shared memory in one go (exact_wait_and_stage), so
 // that their latency overlaps the previous kernel's tail and the prologue; otherwise each item is
 // read from global memory where it is used. IMAGE: x is the launch's x_q8 (exact_prologue).
+// One stock thread's share of a row's sum (thread ts of a row's per_row): x's words for its first
+// two passes read once and kept for every row (k <= 4096 at Q4_K, 2048 at Q6_K/Q8_0); later passes
+// read them again a row. `valid`: a block without rows reads no x.
+template <int TYPE> struct exact_row_summer {
+    using item = exact_item<TYPE>;
+    const int8_t *     xq;
+    const uint2 *      xm;
+    int                n_items, passes, ts, iqs;
+    bool               has0, has1;
+    typename item::x_t x0, x1;
+
+    __device__ __forceinline__ exact_row_summer(const int8_t * xq, const uint2 * xm, int n_items, int ts, bool valid) :
+        xq(xq),
+        xm(xm),
+        n_items(n_items),
+        passes((n_items + kStockThreads - 1) / kStockThreads),
+        ts(ts),
+        iqs(item::iqs(ts)),  // the same at every pass (128 is a multiple of per_block)
+        has0(valid && ts < n_items),
+        has1(valid && ts + kStockThreads < n_items) {
+        if (has0) {
+            x0 = item::load_x(xq, xm, ts / item::per_block, iqs);
+        }
+        if (has1) {
+            x1 = item::load_x(xq, xm, (ts + kStockThreads) / item::per_block, iqs);
+        }
+    }
+
+    // The sum as stock's thread ts adds it: items ts, ts + 128, ... in order.
+    __device__ __forceinline__ float operator()(const uint8_t * row) const {
+        float acc = 0.0f;
+        if (has0) {
+            acc += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
+        }
+        if (has1) {
+            acc += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
+        }
+        for (int m = 2; m < passes; ++m) {
+            const int it = ts + kStockThreads * m;
+            if (it >= n_items) {
+                break;
+            }
+            const int kbx = it / item::per_block;
+            acc += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
+        }
+        return acc;
+    }
+};
+
 template <int TYPE, bool STAGED, bool GLU, bool TRACE, bool IMAGE>
 static __device__ void exact_rows(const exact_params & p, const exact_seg & s, int local, int slot, int row0, int n,
                                   int vec, uint8_t * smem) {
@@ -1032,7 +1081,6 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int together = kExactThreads / per_row;                        // rows side by side
     const int tid = threadIdx.x, lane = tid % 32;
     const int sub = tid / per_row, ts = tid % per_row;                   // ts: stock's thread
-    const int passes = (n_items + kStockThreads - 1) / kStockThreads;
     uint8_t * stage  = smem + p.smem_stage;
 
     // With FRT_GEMV_SWIGLU the gate matrix's same rows too, staged after them; their sums go to
@@ -1060,36 +1108,7 @@ static __device__ void exact_rows(const exact_params & p, const exact_seg & s, i
     const int       gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
 
     {
-        // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
-        // Q6_K/Q8_0); later passes read them again a row.
-        const bool               has0 = valid && ts < n_items, has1 = valid && ts + kStockThreads < n_items;
-        const int                iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
-        typename item::x_t       x0, x1;
-        if (has0) {
-            x0 = item::load_x(xq, xm, ts / item::per_block, iqs);
-        }
-        if (has1) {
-            x1 = item::load_x(xq, xm, (ts + kStockThreads) / item::per_block, iqs);
-        }
-        // One row's sum as stock's thread ts adds it: items ts, ts + 128, ... in order.
-        const auto row_sum = [&](const uint8_t * row) {
-            float acc = 0.0f;
-            if (has0) {
-                acc += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
-            }
-            if (has1) {
-                acc += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
-            }
-            for (int m = 2; m < passes; ++m) {
-                const int it = ts + kStockThreads * m;
-                if (it >= n_items) {
-                    break;
-                }
-                const int kbx = it / item::per_block;
-                acc += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
-            }
-            return acc;
-        };
+        const exact_row_summer<TYPE> row_sum(xq, xm, n_items, ts, valid);
         if (STAGED) {
             stager.wait_all();
             __syncthreads();
@@ -1150,7 +1169,6 @@ static __device__ void exact_rows_chunked(const exact_params & p, exact_chunk c,
     const int together = kExactThreads / per_row;                        // rows side by side
     const int tid = threadIdx.x, lane = tid % 32;
     const int sub = tid / per_row, ts = tid % per_row;                   // ts: stock's thread
-    const int passes = (n_items + kStockThreads - 1) / kStockThreads;
     uint8_t * stage  = smem + p.smem_stage;
 
     // With FRT_GEMV_SWIGLU the gate matrix's same rows too, staged after them; their sums go to
@@ -1179,36 +1197,7 @@ static __device__ void exact_rows_chunked(const exact_params & p, exact_chunk c,
     float *        part  = (float *) (smem + p.smem_part);  // [row][stock warp][lane]
     const int      gpart = p.rows_per_block;  // the gate rows' partial sums start at this row
 
-    // x's words for the first two passes, kept for every row (k <= 4096 at Q4_K, 2048 at
-    // Q6_K/Q8_0); later passes read them again a row.
-    const bool         has0 = ts < n_items, has1 = ts + kStockThreads < n_items;
-    const int          iqs  = item::iqs(ts);  // the same at every pass (128 is a multiple of per_block)
-    typename item::x_t x0, x1;
-    if (has0) {
-        x0 = item::load_x(xq, xm, ts / item::per_block, iqs);
-    }
-    if (has1) {
-        x1 = item::load_x(xq, xm, (ts + kStockThreads) / item::per_block, iqs);
-    }
-    // One row's sum as stock's thread ts adds it: items ts, ts + 128, ... in order.
-    const auto row_sum = [&](const uint8_t * row) {
-        float acc = 0.0f;
-        if (has0) {
-            acc += item::dot(item::load(row, ts / item::per_block, iqs), x0, iqs);
-        }
-        if (has1) {
-            acc += item::dot(item::load(row, (ts + kStockThreads) / item::per_block, iqs), x1, iqs);
-        }
-        for (int m = 2; m < passes; ++m) {
-            const int it = ts + kStockThreads * m;
-            if (it >= n_items) {
-                break;
-            }
-            const int kbx = it / item::per_block;
-            acc += item::dot(item::load(row, kbx, iqs), item::load_x(xq, xm, kbx, iqs), iqs);
-        }
-        return acc;
-    };
+    const exact_row_summer<TYPE> row_sum(xq, xm, n_items, ts, true);
     for (int buffer = 0;; buffer ^= 1) {
         const bool more = exact_claimed() < p.n_chunks;  // read by every thread before the barrier
         if (more) {
