@@ -44,6 +44,8 @@
 //     gate/up launch (its experts selected in the launch from the router's logits) after ROUTER,
 //     as decode chains them. Unlike decode, the timed launch's input is not what NAME wrote: it
 //     waits for NAME's end all the same, but reads an x (and logits) that stayed in L2.
+// The exact kernel's switches reach it from the environment (GGML_FLASHRT_EXACT_*): every exact
+// launch gets chunk counters, so GGML_FLASHRT_EXACT_CHUNKS=N times the chunked launches.
 // Build (device; bench/device/gemv.sh does this and runs it):
 //   nvcc -std=c++17 -O3 -arch=sm_90a -I vendor/csrc -I bench/tools bench/tools/gemv-bench.cu vendor/csrc/*.cu -o gemv-bench
 
@@ -298,6 +300,19 @@ __global__ void between_kernel(const float * src, float * x, int n) {
     }
 }
 
+// The exact launches' chunk counters (frt_gemv_args::chunk_counters), zeroed once (each launch
+// leaves them at zero): with GGML_FLASHRT_EXACT_CHUNKS=N in the environment the exact rows are
+// those of launches that take their rows in chunks from a counter, as the overlay's are.
+static unsigned * chunk_counters() {
+    static unsigned * counters = [] {
+        unsigned * c = nullptr;
+        CHECK(cudaMalloc(&c, FRT_GEMV_CHUNK_COUNTER_WORDS * sizeof(unsigned)));
+        CHECK(cudaMemset(c, 0, FRT_GEMV_CHUNK_COUNTER_WORDS * sizeof(unsigned)));
+        return c;
+    }();
+    return counters;
+}
+
 // The inputs of one (shape, tokens), on the device: one vector a token (a slot for down
 // projections), the norm weight, the outputs (in the shape's weights), and 32 expert selections
 // (launch i takes selection i % 32, 8 distinct experts a token, no expert shared by two tokens or by
@@ -392,6 +407,7 @@ struct shape_inputs {
         a.norm        = s.norm ? d_norm : nullptr;
         a.eps         = 1e-6f;
         a.n_segments  = (int) s.segs.size();
+        a.chunk_counters = chunk_counters();  // read by the exact kernel only
         const int sel = launch_index % kSelections;
         if (s.route) {
             a.route_logits    = d_logits + (size_t) sel * kExperts;
